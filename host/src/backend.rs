@@ -1,0 +1,78 @@
+//! The host's handle on a backend: plugin errors become host errors that name the plugin, and
+//! every request is validated before it crosses the boundary.
+
+use lmhost_plugin_api::abi_stable::std_types::RStr;
+use lmhost_plugin_api::{
+    BackendBox, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
+    GenerationRecord, KvCacheSettings, PluginError, ScoreRecord,
+};
+
+use crate::error::{Error, Result};
+
+/// A backend made by a plugin. Shareable across threads; dropping it closes the backend.
+pub struct Backend {
+    plugin: String,
+    inner: BackendBox,
+}
+
+impl Backend {
+    pub(crate) fn new(plugin: String, inner: BackendBox) -> Self {
+        Backend { plugin, inner }
+    }
+
+    /// The name of the plugin that made this backend.
+    pub fn plugin(&self) -> &str {
+        &self.plugin
+    }
+
+    pub fn model_id(&self) -> String {
+        self.inner.model_id().into_string()
+    }
+
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    pub fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord> {
+        config.validate().map_err(|e| self.wrap(e))?;
+        self.inner
+            .generate(snapshot, config)
+            .into_result()
+            .map_err(|e| self.wrap(e))
+    }
+
+    pub fn score(&self, snapshot: &ConversationSnapshot, reply: &str) -> Result<ScoreRecord> {
+        self.inner
+            .score(snapshot, RStr::from_str(reply))
+            .into_result()
+            .map_err(|e| self.wrap(e))
+    }
+
+    pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<()> {
+        self.inner
+            .set_kv_cache(settings)
+            .into_result()
+            .map_err(|e| self.wrap(e))
+    }
+
+    pub fn stats(&self) -> BackendStats {
+        self.inner.stats()
+    }
+
+    fn wrap(&self, source: PluginError) -> Error {
+        Error::Plugin {
+            plugin: self.plugin.clone(),
+            source,
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.inner.close();
+    }
+}

@@ -1,0 +1,92 @@
+//! The host's error type: each variant names what was wrong and where.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use lmhost_plugin_api::{ErrorKind, PluginError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Config {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("{}: {message}", path.display())]
+    Conversation { path: PathBuf, message: String },
+
+    #[error("no plugin named `{name}`; {}", SearchReport(searched, found))]
+    PluginNotFound {
+        name: String,
+        searched: Vec<PathBuf>,
+        found: Vec<String>,
+    },
+
+    #[error("{} is not an lmhost plugin: {detail}", path.display())]
+    NotAPlugin { path: PathBuf, detail: String },
+
+    #[error(
+        "plugin `{name}` at {} was built against lmhost-plugin-api {api_version}, but this host \
+         uses {host_api_version}: rebuild the plugin against {host_api_version}{}",
+        path.display(),
+        if report.is_empty() { "" } else { " (run with --verbose for the layout report)" }
+    )]
+    IncompatiblePlugin {
+        path: PathBuf,
+        name: String,
+        api_version: String,
+        host_api_version: String,
+        /// abi_stable's layout report, shown only with `--verbose`.
+        report: String,
+    },
+
+    #[error("backend `{plugin}`: {source}")]
+    Plugin { plugin: String, source: PluginError },
+
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The plugin error's stable kind, where there is one.
+    pub fn plugin_kind(&self) -> Option<ErrorKind> {
+        match self {
+            Error::Plugin { source, .. } => Some(source.kind),
+            _ => None,
+        }
+    }
+}
+
+struct SearchReport<'a>(&'a [PathBuf], &'a [String]);
+
+impl fmt::Display for SearchReport<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dirs: Vec<String> = self.0.iter().map(|d| d.display().to_string()).collect();
+        write!(
+            f,
+            "searched: {}",
+            if dirs.is_empty() {
+                "nothing".into()
+            } else {
+                dirs.join(", ")
+            }
+        )?;
+        let found = if self.1.is_empty() {
+            "none".into()
+        } else {
+            self.1.join(", ")
+        };
+        write!(f, "; plugins found: {found}")
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,186 @@
+//! The ABI itself: the backend trait object, the context a backend is made with, and the root
+//! module every plugin library exports.
+
+// `#[sabi_trait]` expands to impls inside a generated module; the lint cannot be silenced there.
+#![allow(non_local_definitions)]
+
+use abi_stable::library::RootModule;
+use abi_stable::sabi_types::VersionStrings;
+use abi_stable::std_types::{RBox, RResult, RStr, RString, RVec};
+use abi_stable::{declare_root_module_statics, package_version_strings, sabi_trait, StableAbi};
+use serde_json::{Map, Value};
+
+use crate::error::PluginError;
+use crate::options::OptionSpec;
+use crate::types::{
+    BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
+    KvCacheSettings, ScoreRecord,
+};
+
+/// A loaded generation backend. Calls block; the backend serializes use of its model itself, so
+/// any number of threads may call it at once.
+#[sabi_trait]
+pub trait GenerationBackend: Send + Sync {
+    fn model_id(&self) -> RString;
+
+    fn capabilities(&self) -> Capabilities;
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> RResult<GenerationRecord, PluginError>;
+
+    /// Teacher-forced log-probabilities of `reply` as the assistant's answer to `snapshot`.
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: RStr<'_>,
+    ) -> RResult<ScoreRecord, PluginError>;
+
+    fn set_kv_cache(&self, settings: KvCacheSettings) -> RResult<(), PluginError>;
+
+    fn stats(&self) -> BackendStats;
+
+    /// Releases the model; later calls fail with `BackendUnavailable`.
+    #[sabi(last_prefix_field)]
+    fn close(&self);
+}
+
+/// The owned, type-erased backend the host holds.
+pub type BackendBox = GenerationBackend_TO<'static, RBox<()>>;
+
+/// Severity of a plugin log line.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// Sends plugin log lines to the host's `tracing` subscriber, tagged with the plugin's name.
+#[repr(C)]
+#[derive(StableAbi, Clone)]
+pub struct Logger {
+    source: RString,
+    callback: extern "C" fn(LogLevel, RStr<'_>, RStr<'_>),
+}
+
+impl Logger {
+    /// `callback` receives the level, `source` (the plugin's name) and the message.
+    pub fn new(source: &str, callback: extern "C" fn(LogLevel, RStr<'_>, RStr<'_>)) -> Self {
+        Logger {
+            source: source.into(),
+            callback,
+        }
+    }
+
+    /// A logger that drops every line, for tests and embedding without a subscriber.
+    pub fn discard() -> Self {
+        extern "C" fn discard(_: LogLevel, _: RStr<'_>, _: RStr<'_>) {}
+        Logger::new("", discard)
+    }
+
+    pub fn log(&self, level: LogLevel, message: &str) {
+        (self.callback)(level, self.source.as_rstr(), RStr::from_str(message));
+    }
+
+    pub fn warn(&self, message: &str) {
+        self.log(LogLevel::Warn, message);
+    }
+
+    pub fn info(&self, message: &str) {
+        self.log(LogLevel::Info, message);
+    }
+
+    pub fn debug(&self, message: &str) {
+        self.log(LogLevel::Debug, message);
+    }
+}
+
+impl std::fmt::Debug for Logger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Logger({})", self.source)
+    }
+}
+
+/// What a backend is made from: the config's `[backend]` section, the explanation's plugin
+/// options, a cache directory and a logger. Tables travel as JSON text.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct PluginContext {
+    pub kind: RString,
+    pub model_id: RString,
+    /// `[backend.options]` as a JSON object, already validated against the plugin's options.
+    pub options_json: RString,
+    /// `[explanation.plugin_options]` as a JSON object.
+    pub plugin_options_json: RString,
+    /// A directory the plugin may write to and reuse across runs.
+    pub cache_dir: RString,
+    pub logger: Logger,
+}
+
+impl PluginContext {
+    /// A context with empty option tables, discarding logs.
+    pub fn new(kind: &str, model_id: &str) -> Self {
+        PluginContext {
+            kind: kind.into(),
+            model_id: model_id.into(),
+            options_json: "{}".into(),
+            plugin_options_json: "{}".into(),
+            cache_dir: std::env::temp_dir().to_string_lossy().as_ref().into(),
+            logger: Logger::discard(),
+        }
+    }
+
+    /// Sets the backend options from a JSON object.
+    pub fn with_options(mut self, options: Value) -> Self {
+        self.options_json = options.to_string().into();
+        self
+    }
+
+    /// `[backend.options]` as a JSON map.
+    pub fn options(&self) -> Result<Map<String, Value>, PluginError> {
+        parse_table(&self.options_json, "backend.options")
+    }
+
+    /// `[explanation.plugin_options]` as a JSON map.
+    pub fn plugin_options(&self) -> Result<Map<String, Value>, PluginError> {
+        parse_table(&self.plugin_options_json, "explanation.plugin_options")
+    }
+}
+
+fn parse_table(json: &str, what: &str) -> Result<Map<String, Value>, PluginError> {
+    serde_json::from_str(json)
+        .map_err(|e| PluginError::config(format!("`{what}` is not a JSON object: {e}")))
+}
+
+/// The root module of a plugin library. Fields may only be added after the last prefix field,
+/// so that plugins built against an older API keep loading.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginModRef)))]
+#[sabi(missing_field(panic))]
+pub struct PluginMod {
+    /// The name configs select it by (`kind = "mock"`).
+    pub name: RStr<'static>,
+    pub version: RStr<'static>,
+    /// The `lmhost-plugin-api` version the plugin was built against.
+    pub api_version: RStr<'static>,
+    pub options: extern "C" fn() -> RVec<OptionSpec>,
+    #[sabi(last_prefix_field)]
+    pub new_backend: extern "C" fn(PluginContext) -> RResult<BackendBox, PluginError>,
+}
+
+impl RootModule for PluginModRef {
+    declare_root_module_statics! {PluginModRef}
+    const BASE_NAME: &'static str = "lmhost_plugin";
+    const NAME: &'static str = "lmhost_plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+/// The API version of this crate, which plugins record and the host compares.
+pub const API_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,219 @@
+//! The safe authoring layer: implement [`Backend`] with ordinary Rust types, then export it with
+//! [`export_plugin!`](crate::export_plugin). Every call is guarded so a panic inside the plugin
+//! comes back as an `Internal` error and never crosses the FFI boundary.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RResult, RStr, RString, RVec};
+
+use crate::abi::{
+    BackendBox, GenerationBackend, GenerationBackend_TO, PluginContext, PluginMod, PluginModRef,
+    API_VERSION,
+};
+use crate::error::PluginError;
+use crate::identity::{PluginIdentity, RawStr, IDENTITY_MAGIC};
+use crate::options::OptionSpec;
+use crate::types::{
+    BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
+    KvCacheSettings, ScoreRecord,
+};
+
+/// A generation backend, written with std types. Methods take `&self`: a backend that holds a
+/// model serializes access to it (a `Mutex`), because the host calls from many threads.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// The name configs select the plugin by.
+    const NAME: &'static str;
+    const VERSION: &'static str;
+
+    /// The options `[backend.options]` may hold; the host validates against them.
+    fn options() -> Vec<OptionSpec>;
+
+    fn new(context: PluginContext) -> Result<Self, PluginError>;
+
+    fn model_id(&self) -> String;
+
+    fn capabilities(&self) -> Capabilities;
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord, PluginError>;
+
+    fn score(
+        &self,
+        _snapshot: &ConversationSnapshot,
+        _reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
+        Err(PluginError::unsupported(format!(
+            "backend `{}` cannot score continuations",
+            Self::NAME
+        )))
+    }
+
+    fn set_kv_cache(&self, _settings: KvCacheSettings) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn stats(&self) -> BackendStats {
+        BackendStats::default()
+    }
+
+    fn close(&self) {}
+}
+
+/// Runs `f`, turning a panic into an `Internal` error carrying the panic message.
+pub fn guard<T>(
+    plugin: &str,
+    f: impl FnOnce() -> Result<T, PluginError>,
+) -> RResult<T, PluginError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result.into(),
+        Err(payload) => RResult::RErr(PluginError::internal(format!(
+            "plugin `{plugin}` panicked: {}",
+            panic_message(payload.as_ref())
+        ))),
+    }
+}
+
+/// Like [`guard`] for calls that cannot fail: a panic yields `fallback`.
+fn guard_infallible<T>(f: impl FnOnce() -> T, fallback: T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_string()
+    }
+}
+
+/// Adapts a [`Backend`] to the ABI trait object.
+struct Guarded<B>(B);
+
+impl<B: Backend> GenerationBackend for Guarded<B> {
+    fn model_id(&self) -> RString {
+        guard_infallible(|| self.0.model_id(), String::new()).into()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        guard_infallible(|| self.0.capabilities(), Capabilities::default())
+    }
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> RResult<GenerationRecord, PluginError> {
+        guard(B::NAME, || self.0.generate(snapshot, config))
+    }
+
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: RStr<'_>,
+    ) -> RResult<ScoreRecord, PluginError> {
+        guard(B::NAME, || self.0.score(snapshot, reply.as_str()))
+    }
+
+    fn set_kv_cache(&self, settings: KvCacheSettings) -> RResult<(), PluginError> {
+        guard(B::NAME, || self.0.set_kv_cache(settings))
+    }
+
+    fn stats(&self) -> BackendStats {
+        guard_infallible(|| self.0.stats(), BackendStats::default())
+    }
+
+    fn close(&self) {
+        guard_infallible(|| self.0.close(), ());
+    }
+}
+
+extern "C" fn options_of<B: Backend>() -> RVec<OptionSpec> {
+    guard_infallible(|| B::options().into(), RVec::new())
+}
+
+extern "C" fn new_backend_of<B: Backend>(
+    context: PluginContext,
+) -> RResult<BackendBox, PluginError> {
+    guard(B::NAME, || {
+        let backend = B::new(context)?;
+        Ok(GenerationBackend_TO::from_value(
+            Guarded(backend),
+            TD_Opaque,
+        ))
+    })
+}
+
+/// The root module of `B`. `export_plugin!` exports it from a library; an application that
+/// embeds the host registers it directly, with no library at all.
+pub fn root_module<B: Backend>() -> PluginModRef {
+    PluginMod {
+        name: RStr::from_str(B::NAME),
+        version: RStr::from_str(B::VERSION),
+        api_version: RStr::from_str(API_VERSION),
+        options: options_of::<B>,
+        new_backend: new_backend_of::<B>,
+    }
+    .leak_into_prefix()
+}
+
+/// The frozen identity of `B`, see [`crate::identity`].
+pub fn identity<B: Backend>() -> PluginIdentity {
+    PluginIdentity {
+        magic: IDENTITY_MAGIC,
+        name: RawStr::new(B::NAME),
+        version: RawStr::new(B::VERSION),
+        api_version: RawStr::new(API_VERSION),
+    }
+}
+
+/// Exports a [`Backend`] as an lmhost plugin library: the abi_stable root module (what
+/// `#[export_root_module]` would write, with paths through this crate so plugins need no direct
+/// abi_stable dependency) and the frozen identity symbol.
+#[macro_export]
+macro_rules! export_plugin {
+    ($backend:ty) => {
+        #[no_mangle]
+        pub static _1as_0lib_1header_0root_bmodule_bloader: $crate::abi_stable::library::LibHeader = {
+            fn root() -> $crate::PluginModRef {
+                $crate::author::root_module::<$backend>()
+            }
+            extern "C" fn erased() -> $crate::abi_stable::library::RootModuleResult {
+                $crate::abi_stable::library::__call_root_module_loader(root)
+            }
+            unsafe {
+                $crate::abi_stable::library::LibHeader::from_constructor::<$crate::PluginModRef>(
+                    erased,
+                    $crate::abi_stable::library::CheckTypeLayout::Yes,
+                )
+            }
+        };
+
+        /// The root module, for registering this backend in-process without its library.
+        pub fn plugin_module() -> $crate::PluginModRef {
+            $crate::author::root_module::<$backend>()
+        }
+
+        #[no_mangle]
+        pub extern "C" fn lmhost_plugin_identity() -> $crate::identity::PluginIdentity {
+            $crate::author::identity::<$backend>()
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn exported_symbol_is_abi_stables_loader_name() {
+        assert_eq!(
+            abi_stable::library::ROOT_MODULE_LOADER_NAME,
+            "_1as_0lib_1header_0root_bmodule_bloader"
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! Domain types that cross the plugin boundary.
+//!
+//! Every type here is `StableAbi` (so a plugin built separately agrees on its layout) and serde
+//! (so the host reads and writes it as JSON). Changing a field here is an ABI break: see
+//! ARCHITECTURE.md, "ABI rules".
+
+use abi_stable::std_types::{ROption, RString, RVec};
+use abi_stable::StableAbi;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::PluginError;
+
+/// Who speaks a message.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+impl Role {
+    /// The lowercase name chat templates expect.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// Mono audio as f32 samples in [-1, 1].
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Audio {
+    pub samples: RVec<f32>,
+    pub sample_rate: u32,
+}
+
+/// One piece of a message.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Part {
+    Text { text: RString },
+    Audio { audio: Audio },
+}
+
+impl Part {
+    pub fn text(text: impl Into<String>) -> Self {
+        Part::Text {
+            text: RString::from(text.into()),
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: Role,
+    pub parts: RVec<Part>,
+}
+
+impl Message {
+    /// A message holding one text part.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Message {
+            role,
+            parts: RVec::from(vec![Part::text(text)]),
+        }
+    }
+
+    /// The text parts joined; audio parts contribute nothing.
+    pub fn text_content(&self) -> String {
+        self.parts
+            .iter()
+            .filter_map(|part| match part {
+                Part::Text { text } => Some(text.as_str()),
+                Part::Audio { .. } => None,
+            })
+            .collect()
+    }
+
+    pub fn has_audio(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Audio { .. }))
+    }
+}
+
+/// A user's message(s) and, in earlier turns, the assistant's answer.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Turn {
+    pub messages: RVec<Message>,
+}
+
+/// A conversation as a backend sees it: non-empty turns of non-empty messages, with a content id.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "SnapshotWire")]
+pub struct ConversationSnapshot {
+    pub turns: RVec<Turn>,
+    /// First 16 hex chars of the sha256 of the canonical JSON of `turns`.
+    pub snapshot_id: RString,
+}
+
+/// The serde shape of a snapshot; the id is recomputed, and checked when given.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotWire {
+    turns: Vec<Turn>,
+    #[serde(default)]
+    snapshot_id: Option<String>,
+}
+
+impl TryFrom<SnapshotWire> for ConversationSnapshot {
+    type Error = PluginError;
+
+    fn try_from(wire: SnapshotWire) -> Result<Self, PluginError> {
+        let snapshot = ConversationSnapshot::new(wire.turns)?;
+        match wire.snapshot_id {
+            Some(id) if id != snapshot.snapshot_id.as_str() => {
+                Err(PluginError::invalid_input(format!(
+                    "snapshot_id {id:?} does not match its turns (expected {:?})",
+                    snapshot.snapshot_id
+                )))
+            }
+            _ => Ok(snapshot),
+        }
+    }
+}
+
+impl ConversationSnapshot {
+    /// Builds a snapshot, refusing an empty conversation or an empty turn.
+    pub fn new(turns: Vec<Turn>) -> Result<Self, PluginError> {
+        if turns.is_empty() {
+            return Err(PluginError::invalid_input(
+                "a conversation needs at least one turn",
+            ));
+        }
+        if let Some(i) = turns.iter().position(|t| t.messages.is_empty()) {
+            return Err(PluginError::invalid_input(format!(
+                "turn {i} has no messages; every turn needs at least one"
+            )));
+        }
+        let turns = RVec::from(turns);
+        let snapshot_id = RString::from(snapshot_id(&turns));
+        Ok(ConversationSnapshot { turns, snapshot_id })
+    }
+
+    /// A one-turn conversation of a single user message.
+    pub fn from_prompt(prompt: impl Into<String>) -> Self {
+        let turn = Turn {
+            messages: RVec::from(vec![Message::text(Role::User, prompt)]),
+        };
+        Self::new(vec![turn]).expect("one turn with one message is never empty")
+    }
+
+    /// Every message in order, across turns.
+    pub fn messages(&self) -> impl Iterator<Item = &Message> {
+        self.turns.iter().flat_map(|t| t.messages.iter())
+    }
+
+    pub fn has_audio(&self) -> bool {
+        self.messages().any(Message::has_audio)
+    }
+}
+
+/// Canonical JSON is serde_json's output for the turns: struct fields in declaration order, no
+/// whitespace, floats in shortest round-trip form, so it is the same on every run and platform.
+fn snapshot_id(turns: &RVec<Turn>) -> String {
+    let json = serde_json::to_vec(turns).expect("turns always serialize");
+    let digest = Sha256::digest(&json);
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// How to generate. Validated by the host before it reaches a backend.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GenerationConfig {
+    pub max_new_tokens: u32,
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 means no top-k cut.
+    pub top_k: u32,
+    /// 1 means no nucleus cut.
+    pub top_p: f32,
+    pub seed: u64,
+    /// Generation stops when the text ends with any of these; the stop string is not returned.
+    pub stop: RVec<RString>,
+    pub compute_embeddings: bool,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig {
+            max_new_tokens: 128,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            stop: RVec::new(),
+            compute_embeddings: false,
+        }
+    }
+}
+
+impl GenerationConfig {
+    /// Checks every field's range; the error names the field, its value and the limit.
+    pub fn validate(&self) -> Result<(), PluginError> {
+        if self.max_new_tokens == 0 {
+            return Err(PluginError::config(
+                "`max_new_tokens` must be >= 1. Given: 0",
+            ));
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(PluginError::config(format!(
+                "`temperature` must be a finite number >= 0. Given: {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(PluginError::config(format!(
+                "`top_p` must be > 0 and <= 1. Given: {}",
+                self.top_p
+            )));
+        }
+        if let Some(i) = self.stop.iter().position(|s| s.is_empty()) {
+            return Err(PluginError::config(format!(
+                "`stop[{i}]` is empty; stop strings must have at least one character"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Why generation ended.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model produced its end-of-sequence token.
+    Eos,
+    /// The text reached one of `GenerationConfig::stop`.
+    StopString,
+    /// `max_new_tokens` were generated.
+    Length,
+}
+
+/// What `generate` returns.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationRecord {
+    pub text: RString,
+    pub token_ids: RVec<u32>,
+    /// One per generated token: log-softmax of the raw logits, before temperature/top-k/top-p.
+    pub logprobs: RVec<f32>,
+    /// Static embedding of the reply (mean of its input-embedding rows).
+    pub embedding: ROption<RVec<f32>>,
+    /// Contextual embedding of the reply (mean of its last hidden states).
+    pub contextual_embedding: ROption<RVec<f32>>,
+    pub prompt_tokens: u32,
+    /// How many of `prompt_tokens` came from a prefix cache instead of being computed.
+    pub cached_prompt_tokens: u32,
+    pub finish_reason: FinishReason,
+}
+
+/// What `score` returns: the teacher-forced log-probabilities of a given reply.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreRecord {
+    pub token_ids: RVec<u32>,
+    pub logprobs: RVec<f32>,
+    pub prompt_tokens: u32,
+    pub cached_prompt_tokens: u32,
+}
+
+impl ScoreRecord {
+    /// The log-probability of the whole reply.
+    pub fn total_logprob(&self) -> f64 {
+        self.logprobs.iter().map(|&l| f64::from(l)).sum()
+    }
+}
+
+/// Counters since the backend was made (or its cache last reconfigured).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStats {
+    pub kv_cache_hits: u64,
+    pub kv_cache_misses: u64,
+    pub kv_cache_reused_tokens: u64,
+    pub kv_cache_evictions: u64,
+    pub kv_cache_bytes: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+}
+
+/// What a backend can do; the host checks these before asking.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub returns_logprobs: bool,
+    pub scores_continuations: bool,
+    pub audio_input: bool,
+    pub prefix_cache: bool,
+    pub embeddings: bool,
+}
+
+/// The host's `[kv_cache]` settings, passed on to the backend.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCacheSettings {
+    pub enabled: bool,
+    pub max_entries: u64,
+    /// 0 means no byte budget.
+    pub max_bytes: u64,
+}

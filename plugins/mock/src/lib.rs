@@ -1,0 +1,276 @@
+//! `mock`: a deterministic backend, and the smallest complete lmhost plugin.
+//!
+//! Its "model" is a bag of words: a reply word is likely in proportion to how often it occurs in
+//! the prompt. So the same snapshot and config always give the same reply, logprobs and
+//! embeddings; different snapshots give different ones; and `score` of a generated reply returns
+//! exactly the logprobs `generate` reported, as a real model's would. It remembers the previous
+//! prompt to imitate a one-entry prefix cache, which makes prompt ordering measurable.
+
+use std::sync::Mutex;
+use std::thread::sleep;
+use std::time::Duration;
+
+use lmhost_plugin_api::serde_json::json;
+use lmhost_plugin_api::{
+    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, FinishReason,
+    GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec, PluginContext,
+    PluginError, ScoreRecord,
+};
+
+/// Size of the mock vocabulary, for smoothing and embeddings.
+const VOCAB: f64 = 1000.0;
+const EMBEDDING_DIM: usize = 16;
+
+pub struct Mock {
+    model_id: String,
+    reply_words: usize,
+    latency: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    cache_enabled: bool,
+    previous_prompt: Vec<u32>,
+    stats: BackendStats,
+}
+
+impl Backend for Mock {
+    const NAME: &'static str = "mock";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+
+    fn options() -> Vec<OptionSpec> {
+        vec![
+            OptionSpec::new(
+                "reply_words",
+                OptionKind::Integer,
+                json!(8),
+                "Most words per reply.",
+            ),
+            OptionSpec::new(
+                "latency_ms",
+                OptionKind::Integer,
+                json!(0),
+                "Sleep per call, to act slow.",
+            ),
+        ]
+    }
+
+    fn new(context: PluginContext) -> Result<Self, PluginError> {
+        let options = context.options()?;
+        let int =
+            |key: &str, default: u64| options.get(key).and_then(|v| v.as_u64()).unwrap_or(default);
+        Ok(Mock {
+            model_id: context.model_id.to_string(),
+            reply_words: int("reply_words", 8).max(1) as usize,
+            latency: Duration::from_millis(int("latency_ms", 0)),
+            state: Mutex::default(),
+        })
+    }
+
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            returns_logprobs: true,
+            scores_continuations: true,
+            audio_input: false,
+            prefix_cache: true,
+            embeddings: true,
+        }
+    }
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord, PluginError> {
+        let prompt = prompt_words(snapshot)?;
+        let cached = self.run_prompt(&prompt);
+        // Replies draw on message words, not on the role markers.
+        let content: Vec<String> = snapshot
+            .messages()
+            .flat_map(|m| {
+                m.text_content()
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let content = if content.is_empty() {
+            prompt.clone()
+        } else {
+            content
+        };
+        // Greedy replies depend on the snapshot alone; sampled ones on the seed too.
+        let salt = if config.temperature > 0.0 {
+            config.seed
+        } else {
+            0
+        };
+        let mut words = Vec::new();
+        let mut finish_reason = FinishReason::Eos;
+        for i in 0..self.reply_words {
+            if words.len() == config.max_new_tokens as usize {
+                finish_reason = FinishReason::Length;
+                break;
+            }
+            let pick = fnv(&[
+                snapshot.snapshot_id.as_bytes(),
+                &salt.to_le_bytes(),
+                &i.to_le_bytes(),
+            ]);
+            words.push(content[pick as usize % content.len()].clone());
+            let text = words.join(" ");
+            if let Some(stop) = config.stop.iter().find(|s| text.contains(s.as_str())) {
+                let cut = text.find(stop.as_str()).unwrap_or(text.len());
+                words = text[..cut].split_whitespace().map(str::to_string).collect();
+                finish_reason = FinishReason::StopString;
+                break;
+            }
+        }
+        let token_ids: Vec<u32> = words.iter().map(|w| token_id(w)).collect();
+        let logprobs: Vec<f32> = words.iter().map(|w| logprob(&prompt, w)).collect();
+        let embeddings = config.compute_embeddings.then(|| {
+            (
+                mean_embedding(&token_ids, 0).into(),
+                mean_embedding(&token_ids, fnv(&[snapshot.snapshot_id.as_bytes()])).into(),
+            )
+        });
+        self.state.lock().map_err(poisoned)?.stats.generated_tokens += words.len() as u64;
+        Ok(GenerationRecord {
+            text: words.join(" ").into(),
+            token_ids: token_ids.into(),
+            logprobs: logprobs.into(),
+            embedding: embeddings.clone().map(|e| e.0).into(),
+            contextual_embedding: embeddings.map(|e| e.1).into(),
+            prompt_tokens: prompt.len() as u32,
+            cached_prompt_tokens: cached,
+            finish_reason,
+        })
+    }
+
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
+        let prompt = prompt_words(snapshot)?;
+        let cached = self.run_prompt(&prompt);
+        let words: Vec<&str> = reply.split_whitespace().collect();
+        Ok(ScoreRecord {
+            token_ids: words.iter().map(|w| token_id(w)).collect(),
+            logprobs: words.iter().map(|w| logprob(&prompt, w)).collect(),
+            prompt_tokens: prompt.len() as u32,
+            cached_prompt_tokens: cached,
+        })
+    }
+
+    fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
+        let mut state = self.state.lock().map_err(poisoned)?;
+        *state = State {
+            cache_enabled: settings.enabled,
+            ..State::default()
+        };
+        Ok(())
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.state.lock().map(|s| s.stats).unwrap_or_default()
+    }
+}
+
+impl Mock {
+    /// Accounts a prompt: the tokens it shares with the previous prompt count as cached.
+    fn run_prompt(&self, prompt: &[String]) -> u32 {
+        sleep(self.latency);
+        let ids: Vec<u32> = prompt.iter().map(|w| token_id(w)).collect();
+        let Ok(mut state) = self.state.lock() else {
+            return 0;
+        };
+        let shared = ids
+            .iter()
+            .zip(&state.previous_prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let cached = if state.cache_enabled {
+            shared.min(ids.len() - 1)
+        } else {
+            0
+        };
+        let enabled = state.cache_enabled;
+        let stats = &mut state.stats;
+        stats.prompt_tokens += ids.len() as u64;
+        stats.kv_cache_reused_tokens += cached as u64;
+        stats.kv_cache_hits += u64::from(cached > 0);
+        stats.kv_cache_misses += u64::from(enabled && cached == 0);
+        state.previous_prompt = ids;
+        cached as u32
+    }
+}
+
+/// The prompt as words, with each message introduced by its role.
+fn prompt_words(snapshot: &ConversationSnapshot) -> Result<Vec<String>, PluginError> {
+    if snapshot.has_audio() {
+        return Err(PluginError::invalid_input(
+            "the mock backend takes text only",
+        ));
+    }
+    let words: Vec<String> = snapshot
+        .messages()
+        .flat_map(|m| {
+            std::iter::once(format!("{}:", m.role.as_str())).chain(
+                m.text_content()
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    Ok(words)
+}
+
+/// log p(word | prompt): smoothed frequency of the word in the prompt.
+fn logprob(prompt: &[String], word: &str) -> f32 {
+    let count = prompt.iter().filter(|w| w.as_str() == word).count() as f64;
+    ((count + 0.1) / (prompt.len() as f64 + 0.1 * VOCAB)).ln() as f32
+}
+
+fn token_id(word: &str) -> u32 {
+    (fnv(&[word.as_bytes()]) % VOCAB as u64) as u32
+}
+
+/// Mean of pseudo-random unit-range vectors, one per token id, offset by `salt`.
+fn mean_embedding(ids: &[u32], salt: u64) -> Vec<f32> {
+    let mut mean = vec![0.0f32; EMBEDDING_DIM];
+    for &id in ids {
+        for (d, slot) in mean.iter_mut().enumerate() {
+            let h = fnv(&[&id.to_le_bytes(), &d.to_le_bytes(), &salt.to_le_bytes()]);
+            *slot += (h % 2001) as f32 / 1000.0 - 1.0;
+        }
+    }
+    let n = ids.len().max(1) as f32;
+    mean.iter().map(|v| v / n).collect()
+}
+
+/// FNV-1a with a splitmix64 finish (FNV's low bits mix poorly): stable across runs,
+/// platforms and Rust versions, unlike `DefaultHasher`.
+fn fnv(chunks: &[&[u8]]) -> u64 {
+    let h = chunks
+        .iter()
+        .flat_map(|c| c.iter())
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    let h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+fn poisoned<T>(_: T) -> PluginError {
+    PluginError::internal("mock state lock poisoned by an earlier panic")
+}
+
+export_plugin!(Mock);
