@@ -244,7 +244,7 @@ fn token_id(word: &str) -> u32 {
 
 /// Mean of pseudo-random unit-range vectors, one per token id, offset by `salt`.
 fn mean_embedding(ids: &[u32], salt: u64) -> Vec<f32> {
-    let mut mean = vec![0.0f32; EMBEDDING_DIM];
+    let mut mean = [0.0f32; EMBEDDING_DIM];
     for &id in ids {
         for (d, slot) in mean.iter_mut().enumerate() {
             let h = fnv(&[&id.to_le_bytes(), &d.to_le_bytes(), &salt.to_le_bytes()]);

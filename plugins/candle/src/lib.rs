@@ -1,0 +1,3 @@
+//! `candle`: local causal language models on Hugging Face's candle.
+
+pub mod kv;
