@@ -15,6 +15,12 @@ pub struct Backend {
     inner: BackendBox,
 }
 
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Backend({})", self.plugin)
+    }
+}
+
 impl Backend {
     pub(crate) fn new(plugin: String, inner: BackendBox) -> Self {
         Backend { plugin, inner }

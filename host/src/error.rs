@@ -34,20 +34,8 @@ pub enum Error {
     #[error("{} is not an lmhost plugin: {detail}", path.display())]
     NotAPlugin { path: PathBuf, detail: String },
 
-    #[error(
-        "plugin `{name}` at {} was built against lmhost-plugin-api {api_version}, but this host \
-         uses {host_api_version}: rebuild the plugin against {host_api_version}{}",
-        path.display(),
-        if report.is_empty() { "" } else { " (run with --verbose for the layout report)" }
-    )]
-    IncompatiblePlugin {
-        path: PathBuf,
-        name: String,
-        api_version: String,
-        host_api_version: String,
-        /// abi_stable's layout report, shown only with `--verbose`.
-        report: String,
-    },
+    #[error("{0}")]
+    IncompatiblePlugin(Box<Incompatible>),
 
     #[error("backend `{plugin}`: {source}")]
     Plugin { plugin: String, source: PluginError },
@@ -64,6 +52,25 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// A plugin library this host refuses to use.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "plugin `{name}` at {} is incompatible with this host: {reason} (plugin built against \
+     lmhost-plugin-api {api_version}, host uses {host_api_version}); rebuild it against \
+     {host_api_version}{}",
+    path.display(),
+    if report.is_empty() { "" } else { " (run with --verbose for the layout report)" }
+)]
+pub struct Incompatible {
+    pub path: PathBuf,
+    pub name: String,
+    pub api_version: String,
+    pub host_api_version: String,
+    pub reason: String,
+    /// abi_stable's layout report, shown only with `--verbose`.
+    pub report: String,
 }
 
 struct SearchReport<'a>(&'a [PathBuf], &'a [String]);

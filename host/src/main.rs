@@ -21,10 +21,8 @@ fn main() -> ExitCode {
                 eprintln!("  caused by: {cause}");
                 source = cause.source();
             }
-            if let (true, lmhost::Error::IncompatiblePlugin { report, .. }) =
-                (cli.verbose > 0, &err)
-            {
-                eprintln!("\nabi_stable layout report:\n{report}");
+            if let (true, lmhost::Error::IncompatiblePlugin(refused)) = (cli.verbose > 0, &err) {
+                eprintln!("\nabi_stable layout report:\n{}", refused.report);
             }
             ExitCode::FAILURE
         }

@@ -15,7 +15,7 @@ use lmhost_plugin_api::abi_stable::library::{
 use lmhost_plugin_api::identity::{IdentityFn, IDENTITY_MAGIC, IDENTITY_SYMBOL};
 use lmhost_plugin_api::{OptionSpec, PluginModRef, API_VERSION};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Incompatible, Result};
 
 /// Where a plugin came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +28,12 @@ pub enum Origin {
 #[derive(Clone, Copy)]
 pub struct Plugin {
     module: PluginModRef,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Plugin({} {})", self.name(), self.version())
+    }
 }
 
 impl Plugin {
@@ -160,15 +166,18 @@ fn load_library(path: &Path) -> Result<PluginModRef> {
             identity.api_version.to_string_lossy(),
         )
     };
-    let incompatible = |report: String| Error::IncompatiblePlugin {
-        path: path.to_path_buf(),
-        name: name.clone(),
-        api_version: api_version.clone(),
-        host_api_version: API_VERSION.to_string(),
-        report,
+    let incompatible = |reason: &str, report: String| {
+        Error::IncompatiblePlugin(Box::new(Incompatible {
+            path: path.to_path_buf(),
+            name: name.clone(),
+            api_version: api_version.clone(),
+            host_api_version: API_VERSION.to_string(),
+            reason: reason.to_string(),
+            report,
+        }))
     };
     if !api_compatible(&api_version, API_VERSION) {
-        return Err(incompatible(String::new()));
+        return Err(incompatible("the API versions differ", String::new()));
     }
     // SAFETY: as above; abi_stable checks the root module's layout before handing it out.
     let header = unsafe { lib_header_from_raw_library(&library) }
@@ -176,8 +185,12 @@ fn load_library(path: &Path) -> Result<PluginModRef> {
     let module = header
         .init_root_module::<PluginModRef>()
         .map_err(|e| match e {
-            LibraryError::AbiInstability(report) => incompatible(report.to_string()),
-            LibraryError::IncompatibleVersionNumber { .. } => incompatible(e.to_string()),
+            LibraryError::AbiInstability(report) => {
+                incompatible("its ABI layout differs from the host's", report.to_string())
+            }
+            LibraryError::IncompatibleVersionNumber { .. } => {
+                incompatible("the API versions differ", e.to_string())
+            }
             other => not_a_plugin(other.to_string()),
         })?;
     std::mem::forget(library);

@@ -1,0 +1,93 @@
+//! The `lmhost` binary as a user runs it: plugins are found beside the executable.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn lmhost(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmhost"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .output()
+        .expect("lmhost runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn plugins_lists_mock_with_its_options() {
+    let output = lmhost(&["plugins"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let mock = text
+        .lines()
+        .find(|l| l.starts_with("mock "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(mock.contains("liblmhost_mock"), "{mock}");
+    assert!(
+        text.contains("reply_words") && text.contains("Most words per reply."),
+        "{text}"
+    );
+}
+
+#[test]
+fn generate_prints_a_json_record() {
+    let output = lmhost(&[
+        "generate",
+        "--config",
+        "configs/mock.toml",
+        "--prompt",
+        "hi there",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let record: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert!(!record["text"].as_str().unwrap().is_empty());
+    assert_eq!(
+        record["logprobs"].as_array().unwrap().len(),
+        record["token_ids"].as_array().unwrap().len()
+    );
+    assert_eq!(record["finish_reason"], "eos");
+}
+
+#[test]
+fn a_bad_config_fails_with_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[backend]\nkind = \"mock\"\ncolour = \"blue\"\n").unwrap();
+    let output = lmhost(&[
+        "generate",
+        "--config",
+        config.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
+    assert!(!output.status.success());
+    let text = stderr(&output);
+    assert!(
+        text.contains("bad.toml:3:1") && text.contains("colour"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_missing_conversation_file_is_named() {
+    let output = lmhost(&[
+        "generate",
+        "--config",
+        "configs/mock.toml",
+        "--conversation",
+        "nowhere.json",
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("cannot read nowhere.json"),
+        "{}",
+        stderr(&output)
+    );
+}
