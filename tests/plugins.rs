@@ -252,3 +252,19 @@ fn discovery_lists_every_plugin_and_reports_broken_ones() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn the_readme_example_plugin_loads_from_its_own_directory() {
+    let examples = plugin_dir().join("..").join("examples");
+    let mut config = config("echo", "[backend.options]\nshout = true\n");
+    config.plugin_dirs = vec![examples];
+    let record = Host::new()
+        .open(&config)
+        .unwrap()
+        .generate(
+            &ConversationSnapshot::from_prompt("hello plugin world"),
+            &GenerationConfig::default(),
+        )
+        .unwrap();
+    assert_eq!(record.text, "WORLD PLUGIN HELLO");
+}

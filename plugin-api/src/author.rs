@@ -34,7 +34,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     fn model_id(&self) -> String;
 
-    fn capabilities(&self) -> Capabilities;
+    /// What the host may ask of this backend; nothing beyond `generate` unless overridden.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
 
     fn generate(
         &self,

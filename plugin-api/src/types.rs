@@ -271,6 +271,22 @@ pub struct GenerationRecord {
     pub finish_reason: FinishReason,
 }
 
+impl GenerationRecord {
+    /// A record of `text` alone: no tokens, logprobs or embeddings, finished at end of sequence.
+    pub fn from_text(text: impl Into<String>) -> Self {
+        GenerationRecord {
+            text: RString::from(text.into()),
+            token_ids: RVec::new(),
+            logprobs: RVec::new(),
+            embedding: ROption::RNone,
+            contextual_embedding: ROption::RNone,
+            prompt_tokens: 0,
+            cached_prompt_tokens: 0,
+            finish_reason: FinishReason::Eos,
+        }
+    }
+}
+
 /// What `score` returns: the teacher-forced log-probabilities of a given reply.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
