@@ -112,3 +112,16 @@ fn records_and_configs_round_trip() {
     );
     assert!(serde_json::from_str::<GenerationConfig>(r#"{"temprature": 1}"#).is_err());
 }
+
+#[test]
+fn the_readme_shows_the_example_plugin_as_it_is() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let example = std::fs::read_to_string(root.join("plugin-api/examples/echo.rs")).unwrap();
+    let code: String = example.lines().skip(3).map(|l| format!("{l}\n")).collect();
+    assert!(
+        readme.contains(&format!("```rust\n{code}```")),
+        "README's plugin example is stale"
+    );
+    assert!(code.lines().count() < 60);
+}

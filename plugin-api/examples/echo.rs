@@ -2,9 +2,10 @@
 //! Built as `liblmhost_echo.so` and selected with `kind = "echo"`.
 
 use lmhost_plugin_api::serde_json::json;
+use lmhost_plugin_api::OptionKind::Bool;
 use lmhost_plugin_api::{
-    export_plugin, Backend, ConversationSnapshot, GenerationConfig, GenerationRecord, OptionKind,
-    OptionSpec, PluginContext, PluginError,
+    export_plugin, Backend, ConversationSnapshot, GenerationConfig, GenerationRecord, OptionSpec,
+    PluginContext, PluginError,
 };
 
 pub struct Echo {
@@ -17,12 +18,7 @@ impl Backend for Echo {
     const VERSION: &'static str = "0.1.0";
 
     fn options() -> Vec<OptionSpec> {
-        vec![OptionSpec::new(
-            "shout",
-            OptionKind::Bool,
-            json!(false),
-            "Capitals",
-        )]
+        vec![OptionSpec::new("shout", Bool, json!(false), "Capitals")]
     }
 
     fn new(context: PluginContext) -> Result<Self, PluginError> {
