@@ -15,6 +15,7 @@ pub mod backend;
 pub mod config;
 pub mod conversation;
 pub mod error;
+pub mod explain;
 pub mod logging;
 pub mod plugins;
 
