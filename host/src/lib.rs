@@ -16,8 +16,10 @@ pub mod config;
 pub mod conversation;
 pub mod error;
 pub mod explain;
+pub mod explain_run;
 pub mod logging;
 pub mod plugins;
+pub mod run_store;
 
 use std::path::PathBuf;
 
