@@ -19,6 +19,7 @@ pub mod explain;
 pub mod explain_run;
 pub mod logging;
 pub mod plugins;
+pub mod report;
 pub mod run_store;
 
 use std::path::PathBuf;
