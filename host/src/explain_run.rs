@@ -195,8 +195,12 @@ pub fn run(
             .into());
         }
         values.push(evaluation.value);
-        bar.set_message(hit_rate(&stats_before, &backend.stats()));
         bar.inc(1);
+        let rate = bar.position() as f64 / started.elapsed().as_secs_f64().max(1e-3);
+        bar.set_message(format!(
+            "{rate:.1}/s  {}",
+            hit_rate(&stats_before, &backend.stats())
+        ));
     }
     bar.finish_and_clear();
     let explanation = job.finish(&values);
@@ -280,10 +284,9 @@ fn progress_bar(len: u64, wanted: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(
-        "{bar:32.cyan/blue} {pos}/{len} coalitions  {per_sec}  ETA {eta}  {msg}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let style =
+        ProgressStyle::with_template("{bar:32.cyan/blue} {pos}/{len} coalitions  {msg}  ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar.enable_steady_tick(Duration::from_millis(200));
     bar

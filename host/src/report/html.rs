@@ -47,12 +47,12 @@ h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
 .answer{background:#f5f5f7}
 .meta{color:#555;font-size:.9rem}
 table{border-collapse:collapse;width:100%;font-size:.9rem}
-th,td{padding:.25rem .5rem;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+th{white-space:nowrap}th,td{padding:.25rem .5rem;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .bar{position:relative;width:14rem;height:.9rem}
 .axis{position:absolute;left:50%;top:0;bottom:0;border-left:1px solid #999}
 .fill{position:absolute;top:.1rem;bottom:.1rem}
-.legend span{display:inline-block;padding:0 .4rem;border-radius:.25rem;margin-right:.5rem}
+.legend span{display:inline-block;color:#fff;padding:0 .4rem;border-radius:.25rem;margin-right:.5rem}
 ";
 
 pub fn render(outcome: &Outcome) -> String {

@@ -35,3 +35,32 @@ pub(crate) fn number(x: f64) -> String {
         format!("{x:.3e}")
     }
 }
+
+/// `number(x)` cut to at most `width` characters: fewer digits, then an exponent.
+pub(crate) fn fit(x: f64, width: usize) -> String {
+    let plain = number(x);
+    if plain.chars().count() <= width {
+        return plain;
+    }
+    for digits in (0..3).rev() {
+        let e = format!("{x:.digits$e}");
+        if e.chars().count() <= width {
+            return e;
+        }
+    }
+    format!("{x:.0e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_fit_their_columns() {
+        assert_eq!(number(-40.3012), "-40.30");
+        assert_eq!(fit(0.000_113_6, 8), "1.14e-4");
+        assert_eq!(fit(-0.000_113_6, 9), "-1.14e-4");
+        assert_eq!(fit(6.579, 9), "6.579");
+        assert!(fit(-1.234e-300, 8).chars().count() <= 8);
+    }
+}

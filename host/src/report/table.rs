@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{number, one_line};
+use super::{fit, number, one_line};
 use crate::explain_run::Outcome;
 
 /// Total width of a table row.
@@ -25,21 +25,21 @@ pub fn render(outcome: &Outcome) -> String {
         "{}",
         one_line(
             &format!(
-                "{} {} of {} over {} {} ({} {}, absence {}) · {} / {}",
+                "{} {} of {} ({}) over {} {} · absence {}{} · {}/{}",
                 s.estimator,
                 s.estimand,
                 s.value,
+                if s.value_mean { "mean" } else { "sum" },
                 e.attributions.len(),
                 s.players,
+                s.absence,
+                if e.attributions.iter().any(|a| a.std_error.is_some()) {
+                    format!(" · seed {}, budget {}", s.seed, s.budget)
+                } else {
+                    String::new()
+                },
                 outcome.plugin,
                 outcome.model_id,
-                s.absence,
-                if s.value_mean { "mean" } else { "sum" },
-                if e.attributions.iter().any(|a| a.std_error.is_some()) {
-                    format!("seed {}, budget {}", s.seed, s.budget)
-                } else {
-                    "exact".into()
-                }
             ),
             WIDTH
         )
@@ -61,14 +61,14 @@ pub fn render(outcome: &Outcome) -> String {
         w = 2 * HALF_BAR + 1
     );
     for a in &e.attributions {
-        let se = a.std_error.map_or("-".to_string(), number);
+        let se = a.std_error.map_or("-".to_string(), |se| fit(se, 8));
         let _ = writeln!(
             out,
             "{:>4} {:<8} {:<TEXT$} {:>9} {:>8} {}",
             a.rank,
             one_line(&a.player.id, 8),
             one_line(&a.player.text, TEXT),
-            number(a.value),
+            fit(a.value, 9),
             se,
             bar(a.value, max)
         );
