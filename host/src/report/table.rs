@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use super::{fit, number, one_line};
+use crate::explain::ValueKind;
 use crate::explain_run::Outcome;
 
 /// Total width of a table row.
@@ -29,7 +30,11 @@ pub fn render(outcome: &Outcome) -> String {
                 s.estimator,
                 s.estimand,
                 s.value,
-                if s.value_mean { "mean" } else { "sum" },
+                match (s.value, s.value_mean) {
+                    (ValueKind::AnswerLogprob | ValueKind::GeneratedLogprob, true) => "mean",
+                    (ValueKind::AnswerLogprob | ValueKind::GeneratedLogprob, false) => "sum",
+                    _ => "cosine",
+                },
                 e.attributions.len(),
                 s.players,
                 s.absence,
