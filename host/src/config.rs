@@ -3,10 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use lmhost_plugin_api::{GenerationConfig, KvCacheSettings};
+use lmhost_plugin_api::{GenerationConfig, KvCacheSettings, Role};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::explain::{
+    Absence, AbsenceKind, Estimand, EstimatorKind, EstimatorSettings, Granularity, PlayerSpec,
+    ValueKind,
+};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,12 +67,106 @@ impl From<KvCacheConfig> for KvCacheSettings {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[explanation]`: how `lmhost explain` attributes an answer. Every key has a flag of the same
+/// name (`max_exact_players` is `--max-exact-players`) that overrides it.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ExplanationConfig {
+    /// `"messages"`, `"sentences"` or `"words"`.
+    pub players: Granularity,
+    /// Only messages of these roles hold players; empty means all.
+    pub roles: Vec<Role>,
+    /// Only these turns hold players (0 first, -1 last); empty means all.
+    pub turns: Vec<i64>,
+    /// `"delete"` or `"pad"`.
+    pub absence: AbsenceKind,
+    /// What replaces an absent player with `absence = "pad"`.
+    pub placeholder: String,
+    /// `"answer_logprob"`, `"generated_logprob"`, `"embedding_cosine"` or `"tfidf_cosine"`.
+    pub value: ValueKind,
+    /// Logprob values per token instead of summed.
+    pub value_mean: bool,
+    /// `"exact"`, `"permutation"`, `"antithetic"` or `"msr"`.
+    pub estimator: EstimatorKind,
+    /// `"shapley"` or `"banzhaf"`.
+    pub estimand: Estimand,
+    /// Coalition evaluations a sampling estimator may plan.
+    pub budget: usize,
+    /// Seed of the sampling estimators.
+    pub seed: u64,
+    /// `exact` refuses more players than this.
+    pub max_exact_players: usize,
+    /// Turn the backend's prefix cache on for the run (`false` turns it off).
+    pub kv_cache: bool,
+    /// Order prompts for prefix sharing (`false` keeps the estimator's order).
+    pub sort_prompts: bool,
     /// Passed to the plugin through `PluginContext::plugin_options`.
-    #[serde(default)]
     pub plugin_options: toml::Table,
+}
+
+impl Default for ExplanationConfig {
+    fn default() -> Self {
+        let estimator = EstimatorSettings::default();
+        ExplanationConfig {
+            players: Granularity::default(),
+            roles: Vec::new(),
+            turns: Vec::new(),
+            absence: AbsenceKind::default(),
+            placeholder: "_".into(),
+            value: ValueKind::default(),
+            value_mean: false,
+            estimator: estimator.kind,
+            estimand: estimator.estimand,
+            budget: estimator.budget,
+            seed: estimator.seed,
+            max_exact_players: estimator.max_exact_players,
+            kv_cache: true,
+            sort_prompts: true,
+            plugin_options: toml::Table::new(),
+        }
+    }
+}
+
+impl ExplanationConfig {
+    /// Refuses values out of range, naming the key.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.budget < 4 {
+            return Err(format!(
+                "[explanation] `budget` must be >= 4. Given: {}",
+                self.budget
+            ));
+        }
+        if self.absence == AbsenceKind::Pad && self.placeholder.is_empty() {
+            return Err(
+                "[explanation] `placeholder` is empty; with `absence = \"pad\"` it \
+                        must have at least one character (or use `absence = \"delete\"`)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    pub fn player_spec(&self) -> PlayerSpec {
+        PlayerSpec {
+            granularity: self.players,
+            roles: self.roles.clone(),
+            turns: self.turns.clone(),
+        }
+    }
+
+    pub fn estimator_settings(&self) -> EstimatorSettings {
+        EstimatorSettings {
+            kind: self.estimator,
+            estimand: self.estimand,
+            budget: self.budget,
+            seed: self.seed,
+            max_exact_players: self.max_exact_players,
+        }
+    }
+
+    pub fn absence(&self) -> Absence {
+        Absence::new(self.absence, &self.placeholder)
+    }
 }
 
 impl Config {
@@ -104,6 +202,15 @@ impl Config {
             column: 0,
             message: format!("[generation] {}", e.message),
         })?;
+        config
+            .explanation
+            .validate()
+            .map_err(|message| Error::Config {
+                path: path.to_path_buf(),
+                line: 0,
+                column: 0,
+                message,
+            })?;
         Ok(config)
     }
 
@@ -188,6 +295,25 @@ mod tests {
                 .contains("`top_p` must be > 0 and <= 1. Given: 1.5"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn explanation_keys_parse_and_bad_ones_are_named() {
+        let config = parse(
+            "[backend]\nkind = \"mock\"\n[explanation]\nplayers = \"words\"\nroles = [\"user\"]\n\
+             turns = [-1]\nestimator = \"antithetic\"\nbudget = 50\n",
+        )
+        .unwrap();
+        let e = &config.explanation;
+        assert_eq!(e.players, Granularity::Words);
+        assert_eq!(e.roles, [Role::User]);
+        assert_eq!(e.estimator_settings().budget, 50);
+        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nestimator = \"kernel\"\n")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("test.toml:4:"), "{err}");
+        assert!(err.to_string().contains("exact, permutation"), "{err}");
+        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbudget = 1\n").unwrap_err();
+        assert!(err.to_string().contains("`budget` must be >= 4"), "{err}");
     }
 
     #[test]

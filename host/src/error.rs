@@ -40,6 +40,18 @@ pub enum Error {
     #[error("backend `{plugin}`: {source}")]
     Plugin { plugin: String, source: PluginError },
 
+    #[error(transparent)]
+    Explain(#[from] crate::explain::ExplainError),
+
+    #[error("run directory {}: {message}", path.display())]
+    RunStore { path: PathBuf, message: String },
+
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
     #[error("{0}")]
     Invalid(String),
 }

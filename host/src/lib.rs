@@ -15,8 +15,12 @@ pub mod backend;
 pub mod config;
 pub mod conversation;
 pub mod error;
+pub mod explain;
+pub mod explain_run;
 pub mod logging;
 pub mod plugins;
+pub mod report;
+pub mod run_store;
 
 use std::path::PathBuf;
 

@@ -1,5 +1,6 @@
 //! One module per subcommand; each turns parsed arguments into library calls.
 
+mod explain;
 mod generate;
 mod plugins;
 
@@ -33,12 +34,15 @@ enum Command {
     Plugins(plugins::Args),
     /// Generate a reply to a prompt or a conversation file.
     Generate(generate::Args),
+    /// Attribute the model's answer to the parts of a conversation (Shapley values).
+    Explain(Box<explain::Args>),
 }
 
 pub fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Plugins(args) => plugins::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Explain(args) => explain::run(args, cli.quiet),
     }
 }
 

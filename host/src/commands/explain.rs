@@ -1,0 +1,166 @@
+//! `lmhost explain`: which parts of a conversation made the model answer as it did.
+
+use std::path::{Path, PathBuf};
+
+use lmhost::config::ExplanationConfig;
+use lmhost::explain::{AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
+use lmhost::explain_run::{self, RunOptions};
+use lmhost::report::{html, json, table};
+use lmhost::{conversation, Config, Error, Host, Result};
+use lmhost_plugin_api::Role;
+
+use super::ConfigArg;
+
+/// Every flag overrides the `[explanation]` key of the same name.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    config: ConfigArg,
+
+    /// The conversation to explain (JSON; see the README).
+    #[arg(long, value_name = "FILE.json")]
+    conversation: PathBuf,
+
+    /// Explain this answer instead of generating one.
+    #[arg(long, value_name = "TEXT")]
+    reply: Option<String>,
+
+    /// Players: messages, sentences or words.
+    #[arg(long, value_name = "KIND")]
+    players: Option<Granularity>,
+
+    /// Only messages of these roles hold players (comma-separated: system,user,assistant).
+    #[arg(long, value_name = "ROLES", value_delimiter = ',', value_parser = parse_role)]
+    roles: Option<Vec<Role>>,
+
+    /// Only these turns hold players (comma-separated; 0 first, -1 last).
+    #[arg(
+        long,
+        value_name = "TURNS",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
+    turns: Option<Vec<i64>>,
+
+    /// Absent players: delete or pad.
+    #[arg(long, value_name = "HOW")]
+    absence: Option<AbsenceKind>,
+
+    /// What replaces an absent player with --absence pad.
+    #[arg(long, value_name = "TEXT")]
+    placeholder: Option<String>,
+
+    /// answer_logprob, generated_logprob, embedding_cosine or tfidf_cosine.
+    #[arg(long, value_name = "VALUE")]
+    value: Option<ValueKind>,
+
+    /// Logprob values per token instead of summed.
+    #[arg(long)]
+    value_mean: bool,
+
+    /// exact, permutation, antithetic or msr.
+    #[arg(long, value_name = "ESTIMATOR")]
+    estimator: Option<EstimatorKind>,
+
+    /// shapley or banzhaf.
+    #[arg(long, value_name = "ESTIMAND")]
+    estimand: Option<Estimand>,
+
+    /// Coalition evaluations a sampling estimator may plan.
+    #[arg(long, value_name = "N")]
+    budget: Option<usize>,
+
+    /// Seed of the sampling estimators.
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+
+    /// `exact` refuses more players than this.
+    #[arg(long, value_name = "N")]
+    max_exact_players: Option<usize>,
+
+    /// Run with the backend's prefix cache off.
+    #[arg(long)]
+    no_kv_cache: bool,
+
+    /// Evaluate prompts in the estimator's order instead of sorting them for prefix sharing.
+    #[arg(long)]
+    no_sort: bool,
+
+    /// Persist every coalition value in DIR and resume from it.
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+
+    /// Write the result as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+
+    /// Write a self-contained HTML page.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+}
+
+fn parse_role(s: &str) -> std::result::Result<Role, String> {
+    match s {
+        "system" => Ok(Role::System),
+        "user" => Ok(Role::User),
+        "assistant" => Ok(Role::Assistant),
+        _ => Err(format!(
+            "unknown role `{s}`; expected system, user or assistant"
+        )),
+    }
+}
+
+impl Args {
+    /// The config's `[explanation]` with the flags given applied over it.
+    fn apply(&self, e: &mut ExplanationConfig) -> Result<()> {
+        macro_rules! set {
+            ($($field:ident),*) => {$( if let Some(v) = &self.$field { e.$field = v.clone(); } )*};
+        }
+        set!(
+            players,
+            roles,
+            turns,
+            absence,
+            placeholder,
+            value,
+            estimator,
+            estimand,
+            budget,
+            seed,
+            max_exact_players
+        );
+        e.value_mean |= self.value_mean;
+        e.kv_cache &= !self.no_kv_cache;
+        e.sort_prompts &= !self.no_sort;
+        e.validate()
+            .map_err(|message| Error::Invalid(format!("{message} (after applying the flags)")))
+    }
+}
+
+pub fn run(args: &Args, quiet: bool) -> Result<()> {
+    let mut config = Config::load(&args.config.config)?;
+    args.apply(&mut config.explanation)?;
+    let conversation = conversation::load(&args.conversation)?;
+    let backend = Host::new().open(&config)?;
+    let options = RunOptions {
+        reply: args.reply.clone(),
+        run_dir: args.run_dir.clone(),
+        progress: !quiet,
+    };
+    let outcome = explain_run::run(&config, &backend, &conversation, &options)?;
+    if let Some(path) = &args.json {
+        write(path, &json::render(&outcome))?;
+    }
+    if let Some(path) = &args.html {
+        write(path, &html::render(&outcome))?;
+    }
+    print!("{}", table::render(&outcome));
+    Ok(())
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}

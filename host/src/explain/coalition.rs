@@ -1,0 +1,250 @@
+//! Coalitions (subsets of players) and how a coalition's prompt is rendered: the conversation
+//! with absent players deleted or replaced by a placeholder.
+
+use std::fmt;
+
+use lmhost_plugin_api::abi_stable::std_types::RVec;
+use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, Turn};
+
+use super::players::Players;
+use super::settings::Absence;
+
+/// A subset of `n` players, as a bit set. Ordered and hashable so plans can deduplicate.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Coalition {
+    n: usize,
+    bits: Vec<u64>,
+}
+
+impl Coalition {
+    pub fn empty(n: usize) -> Self {
+        Coalition {
+            n,
+            bits: vec![0; n.div_ceil(64)],
+        }
+    }
+
+    pub fn full(n: usize) -> Self {
+        let mut c = Self::empty(n);
+        (0..n).for_each(|i| c.insert(i));
+        c
+    }
+
+    /// The coalition whose members are the set bits of `mask` (n ≤ 64).
+    pub fn from_mask(n: usize, mask: u64) -> Self {
+        let mut c = Self::empty(n);
+        (0..n)
+            .filter(|i| mask >> i & 1 == 1)
+            .for_each(|i| c.insert(i));
+        c
+    }
+
+    pub fn from_members(n: usize, members: impl IntoIterator<Item = usize>) -> Self {
+        let mut c = Self::empty(n);
+        members.into_iter().for_each(|i| c.insert(i));
+        c
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn contains(&self, i: usize) -> bool {
+        i < self.n && self.bits[i / 64] >> (i % 64) & 1 == 1
+    }
+
+    pub fn insert(&mut self, i: usize) {
+        assert!(i < self.n, "player {i} out of range 0..{}", self.n);
+        self.bits[i / 64] |= 1 << (i % 64);
+    }
+
+    pub fn len(&self) -> usize {
+        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn members(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.n).filter(|&i| self.contains(i))
+    }
+}
+
+impl fmt::Debug for Coalition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bits: String = (0..self.n)
+            .map(|i| if self.contains(i) { '1' } else { '0' })
+            .collect();
+        write!(f, "Coalition({bits})")
+    }
+}
+
+/// The conversation with only `coalition`'s players present; text outside any player stays.
+///
+/// With `Absence::Delete` a message whose players are all absent is dropped (and a turn left
+/// empty with it); a conversation left with no message at all becomes one empty user message,
+/// since a prompt needs at least one. With `Absence::Pad` each absent player's text becomes the
+/// placeholder and the separators around it stay.
+pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> ConversationSnapshot {
+    let mut turns = Vec::new();
+    for (t, turn) in players.conversation().turns.iter().enumerate() {
+        let mut messages = Vec::new();
+        for (m, message) in turn.messages.iter().enumerate() {
+            if let Some(text) = render_message(players, t, m, message, coalition, absence) {
+                if text == message.text_content() {
+                    // Unchanged: keep the original, non-text parts included.
+                    messages.push(message.clone());
+                    continue;
+                }
+                messages.push(Message {
+                    role: message.role,
+                    parts: RVec::from(vec![Part::text(text)]),
+                });
+            } else if !players.message_has_players(t, m) {
+                messages.push(message.clone());
+            }
+        }
+        if !messages.is_empty() {
+            turns.push(Turn {
+                messages: RVec::from(messages),
+            });
+        }
+    }
+    if turns.is_empty() {
+        turns.push(Turn {
+            messages: RVec::from(vec![Message::text(Role::User, "")]),
+        });
+    }
+    ConversationSnapshot::new(turns).expect("rendered turns are never empty")
+}
+
+/// A message's text under a coalition, or `None` when it is dropped or holds no player.
+fn render_message(
+    players: &Players,
+    turn: usize,
+    message: usize,
+    original: &Message,
+    coalition: &Coalition,
+    absence: &Absence,
+) -> Option<String> {
+    let layout = players.layout(turn, message)?;
+    let text = original.text_content();
+    let mut out = String::new();
+    match absence {
+        Absence::Pad { placeholder } => {
+            out.push_str(&text[layout.lead.clone()]);
+            for (k, &(player, ref span)) in layout.players.iter().enumerate() {
+                if k > 0 {
+                    out.push_str(&text[layout.players[k - 1].1.end..span.start]);
+                }
+                if coalition.contains(player) {
+                    out.push_str(&text[span.clone()]);
+                } else {
+                    out.push_str(placeholder);
+                }
+            }
+            out.push_str(&text[layout.trail.clone()]);
+        }
+        Absence::Delete => {
+            let present: Vec<usize> = (0..layout.players.len())
+                .filter(|&k| coalition.contains(layout.players[k].0))
+                .collect();
+            if present.is_empty() {
+                return None;
+            }
+            out.push_str(&text[layout.lead.clone()]);
+            for (j, &k) in present.iter().enumerate() {
+                let span = &layout.players[k].1;
+                if j > 0 {
+                    // The separator that stood just before this player.
+                    out.push_str(&text[layout.players[k - 1].1.end..span.start]);
+                }
+                out.push_str(&text[span.clone()]);
+            }
+            out.push_str(&text[layout.trail.clone()]);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explain::players::{Granularity, PlayerSpec};
+
+    fn conversation() -> ConversationSnapshot {
+        let messages = vec![
+            Message::text(Role::System, "Be brief."),
+            Message::text(Role::User, "Paris is big. It is old.  Is it?"),
+        ];
+        ConversationSnapshot::new(vec![Turn {
+            messages: RVec::from(messages),
+        }])
+        .unwrap()
+    }
+
+    fn texts(s: &ConversationSnapshot) -> Vec<String> {
+        s.messages().map(|m| m.text_content()).collect()
+    }
+
+    fn players(granularity: Granularity) -> Players {
+        let spec = PlayerSpec {
+            granularity,
+            ..PlayerSpec::default()
+        };
+        Players::split(&conversation(), &spec).unwrap()
+    }
+
+    #[test]
+    fn full_coalition_renders_the_original() {
+        for g in [
+            Granularity::Messages,
+            Granularity::Sentences,
+            Granularity::Words,
+        ] {
+            let p = players(g);
+            for absence in [Absence::Delete, Absence::pad("_")] {
+                let full = render(&p, &Coalition::full(p.len()), &absence);
+                assert_eq!(full.turns, conversation().turns, "{g:?} {absence:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn delete_drops_messages_and_sentences() {
+        let p = players(Granularity::Messages);
+        let only_user = render(&p, &Coalition::from_members(2, [1]), &Absence::Delete);
+        assert_eq!(texts(&only_user), ["Paris is big. It is old.  Is it?"]);
+        let none = render(&p, &Coalition::empty(2), &Absence::Delete);
+        assert_eq!(texts(&none), [""]);
+
+        let p = players(Granularity::Sentences);
+        assert_eq!(p.len(), 4);
+        let c = Coalition::from_members(4, [0, 3]);
+        assert_eq!(
+            texts(&render(&p, &c, &Absence::Delete)),
+            ["Be brief.", "Is it?"]
+        );
+        let c = Coalition::from_members(4, [1, 2]);
+        assert_eq!(
+            texts(&render(&p, &c, &Absence::Delete)),
+            ["Paris is big. It is old."]
+        );
+    }
+
+    #[test]
+    fn pad_keeps_separators_and_places_the_placeholder() {
+        let p = players(Granularity::Words);
+        let kept = Coalition::from_members(p.len(), (0..p.len()).filter(|i| i % 2 == 0));
+        let padded = render(&p, &kept, &Absence::pad("_"));
+        assert_eq!(texts(&padded), ["Be _", "Paris _ big. _ is _  Is _"]);
+        let p = players(Granularity::Messages);
+        let padded = render(
+            &p,
+            &Coalition::from_members(2, [1]),
+            &Absence::pad("[gone]"),
+        );
+        assert_eq!(texts(&padded)[0], "[gone]");
+    }
+}

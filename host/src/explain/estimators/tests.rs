@@ -1,0 +1,165 @@
+//! Estimators on games with known answers; no model involved.
+
+use super::*;
+
+/// v(S) for every coalition of a plan.
+fn values(plan: &Plan, game: impl Fn(&Coalition) -> f64) -> Vec<f64> {
+    plan.coalitions().iter().map(game).collect()
+}
+
+fn run(n: usize, settings: &EstimatorSettings, game: impl Fn(&Coalition) -> f64) -> Estimates {
+    let plan = Plan::new(n, settings).unwrap();
+    let v = values(&plan, game);
+    plan.estimate(&v)
+}
+
+fn exact(estimand: Estimand) -> EstimatorSettings {
+    EstimatorSettings {
+        estimand,
+        ..EstimatorSettings::default()
+    }
+}
+
+fn sampling(kind: EstimatorKind, estimand: Estimand, budget: usize) -> EstimatorSettings {
+    EstimatorSettings {
+        kind,
+        estimand,
+        budget,
+        seed: 7,
+        ..EstimatorSettings::default()
+    }
+}
+
+fn weighted_vote(weights: &'static [f64], quota: f64) -> impl Fn(&Coalition) -> f64 {
+    move |c| f64::from(c.members().map(|i| weights[i]).sum::<f64>() >= quota)
+}
+
+/// A 10-player game with weights, a pair interaction and diminishing returns.
+fn rich_game(c: &Coalition) -> f64 {
+    let w = [1.0, -0.5, 2.0, 0.3, 0.0, 1.5, -1.0, 0.7, 0.2, 0.9];
+    let additive: f64 = c.members().map(|i| w[i]).sum();
+    let pair = if c.contains(0) && c.contains(2) {
+        2.0
+    } else {
+        0.0
+    };
+    additive + pair + (c.len() as f64).sqrt()
+}
+
+/// A deterministic pseudo-random game.
+fn noisy_game(c: &Coalition) -> f64 {
+    let mask = c.members().fold(0u64, |m, i| m | 1 << i);
+    let h = mask.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+    h as f64 / 1e4 - 300.0
+}
+
+#[test]
+fn additive_game_gives_the_weights_for_every_estimator() {
+    let w = [3.0, -1.0, 0.5, 0.0, 2.25];
+    let game = |c: &Coalition| c.members().map(|i| w[i]).sum::<f64>();
+    let all = [
+        exact(Estimand::Shapley),
+        exact(Estimand::Banzhaf),
+        sampling(EstimatorKind::Permutation, Estimand::Shapley, 100),
+        sampling(EstimatorKind::Antithetic, Estimand::Shapley, 100),
+    ];
+    for settings in all {
+        let est = run(5, &settings, game);
+        for (got, want) in est.values.iter().zip(w) {
+            assert!((got - want).abs() < 1e-9, "{settings:?}: {:?}", est.values);
+        }
+    }
+}
+
+#[test]
+fn majority_game_splits_evenly_and_shapley_differs_from_banzhaf() {
+    let majority = |c: &Coalition| f64::from(c.len() >= 3);
+    let shapley = run(5, &exact(Estimand::Shapley), majority);
+    let banzhaf = run(5, &exact(Estimand::Banzhaf), majority);
+    for i in 0..5 {
+        assert!((shapley.values[i] - 0.2).abs() < 1e-12);
+        // A swing: 2 of the other 4 present, C(4,2) / 2^4.
+        assert!((banzhaf.values[i] - 6.0 / 16.0).abs() < 1e-12);
+    }
+    assert!((shapley.values[0] - banzhaf.values[0]).abs() > 0.1);
+}
+
+#[test]
+fn symmetric_players_are_equal_and_a_dummy_gets_zero() {
+    static WEIGHTS: [f64; 5] = [4.0, 3.0, 3.0, 2.0, 0.0];
+    for estimand in [Estimand::Shapley, Estimand::Banzhaf] {
+        let est = run(5, &exact(estimand), weighted_vote(&WEIGHTS, 7.0));
+        assert!((est.values[1] - est.values[2]).abs() < 1e-12, "{est:?}");
+        assert!(est.values[4].abs() < 1e-12, "{est:?}");
+        assert!(est.values[0] > est.values[3], "{est:?}");
+    }
+}
+
+#[test]
+fn exact_shapley_is_efficient() {
+    let plan = Plan::new(8, &exact(Estimand::Shapley)).unwrap();
+    let v = values(&plan, noisy_game);
+    let est = plan.estimate(&v);
+    let gap = est.values.iter().sum::<f64>() - (v[plan.full_index()] - v[plan.empty_index()]);
+    assert!(gap.abs() < 1e-9, "{gap}");
+    assert!(est.std_errors.is_none());
+}
+
+#[test]
+fn sampling_estimators_land_within_three_standard_errors_of_exact() {
+    let cases = [
+        (EstimatorKind::Permutation, Estimand::Shapley),
+        (EstimatorKind::Antithetic, Estimand::Shapley),
+        (EstimatorKind::Msr, Estimand::Banzhaf),
+    ];
+    for (kind, estimand) in cases {
+        let truth = run(10, &exact(estimand), rich_game);
+        let est = run(10, &sampling(kind, estimand, 1500), rich_game);
+        let se = est.std_errors.as_ref().unwrap();
+        for i in 0..10 {
+            let err = (est.values[i] - truth.values[i]).abs();
+            assert!(se[i] > 0.0 && se[i].is_finite(), "{kind}: se {se:?}");
+            assert!(
+                err <= 3.0 * se[i],
+                "{kind} player {i}: |{err}| > 3 × {}",
+                se[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn antithetic_beats_plain_permutations_at_equal_budget() {
+    let se = |kind| {
+        let est = run(10, &sampling(kind, Estimand::Shapley, 1500), rich_game);
+        est.std_errors.unwrap().iter().sum::<f64>()
+    };
+    assert!(se(EstimatorKind::Antithetic) < se(EstimatorKind::Permutation));
+}
+
+#[test]
+fn plans_are_reproducible_from_the_seed() {
+    let settings = sampling(EstimatorKind::Permutation, Estimand::Shapley, 200);
+    let a = Plan::new(6, &settings).unwrap();
+    let b = Plan::new(6, &settings).unwrap();
+    assert_eq!(a.coalitions(), b.coalitions());
+    assert_eq!(a.coalitions()[a.empty_index()], Coalition::empty(6));
+    assert_eq!(a.coalitions()[a.full_index()], Coalition::full(6));
+}
+
+#[test]
+fn refusals_name_the_alternative() {
+    let err = Plan::new(17, &exact(Estimand::Shapley))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("17 players") && err.contains("antithetic"),
+        "{err}"
+    );
+    let settings = sampling(EstimatorKind::Permutation, Estimand::Banzhaf, 100);
+    let err = Plan::new(4, &settings).unwrap_err().to_string();
+    assert!(err.contains("msr"), "{err}");
+    let settings = sampling(EstimatorKind::Msr, Estimand::Shapley, 100);
+    let err = Plan::new(4, &settings).unwrap_err().to_string();
+    assert!(err.contains("antithetic"), "{err}");
+}

@@ -1,0 +1,222 @@
+//! Shapley and Banzhaf attributions of a conversation's parts to a model's answer.
+//!
+//! Architecture invariant: this module is pure computation. It knows nothing of plugins,
+//! backends, files or terminals: it splits a conversation into [`players`], plans the
+//! [`coalition`]s an [`estimators`] needs, renders and [`schedule`]s their prompts, and turns
+//! their values into an [`Explanation`]. The values themselves come from a [`value`] function
+//! over a [`value::Model`] that the caller supplies and runs; the caller owns IO, persistence
+//! and progress.
+//!
+//! ```text
+//! Players::split ─▶ Plan::new ─▶ Job::new (render, dedup, sort) ─▶ caller evaluates
+//!                                 Job::prompts()                    each prompt
+//!                                                         Job::finish(values) ─▶ Explanation
+//! ```
+
+pub mod coalition;
+pub mod error;
+pub mod estimators;
+pub mod players;
+pub mod schedule;
+pub mod settings;
+pub mod value;
+
+use lmhost_plugin_api::ConversationSnapshot;
+use serde::Serialize;
+
+pub use coalition::{render, Coalition};
+pub use error::ExplainError;
+pub use estimators::{Estimates, EstimatorSettings, Plan};
+pub use players::{Player, PlayerSpec, Players};
+pub use schedule::Schedule;
+pub use settings::{Absence, AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
+pub use value::{BaseAnswer, Evaluation, Model, Need, ValueFunction};
+
+use settings::EstimatorKind as Kind;
+
+/// A planned explanation: the unique prompts to evaluate, in the order to evaluate them.
+#[derive(Debug, Clone)]
+pub struct Job {
+    players: Players,
+    plan: Plan,
+    schedule: Schedule,
+}
+
+impl Job {
+    /// Renders every coalition of `plan` under `absence`, deduplicates the prompts and, with
+    /// `sort`, orders them for prefix sharing.
+    pub fn new(players: Players, plan: Plan, absence: &Absence, sort: bool) -> Job {
+        let rendered: Vec<ConversationSnapshot> = plan
+            .coalitions()
+            .iter()
+            .map(|c| render(&players, c, absence))
+            .collect();
+        let schedule = schedule::schedule(&rendered, sort);
+        Job {
+            players,
+            plan,
+            schedule,
+        }
+    }
+
+    /// The prompts to evaluate, each once, in evaluation order.
+    pub fn prompts(&self) -> &[ConversationSnapshot] {
+        &self.schedule.prompts
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn players(&self) -> &Players {
+        &self.players
+    }
+
+    /// Attributions from `values`, one per prompt in the order of `prompts()`.
+    pub fn finish(&self, values: &[f64]) -> Explanation {
+        assert_eq!(
+            values.len(),
+            self.schedule.prompts.len(),
+            "one value per prompt"
+        );
+        let per_coalition: Vec<f64> = self
+            .schedule
+            .of_coalition
+            .iter()
+            .map(|&p| values[p])
+            .collect();
+        let estimates = self.plan.estimate(&per_coalition);
+        let v_all = per_coalition[self.plan.full_index()];
+        let v_none = per_coalition[self.plan.empty_index()];
+        let settings = self.plan.settings();
+        let efficiency = (settings.kind == Kind::Exact && settings.estimand == Estimand::Shapley)
+            .then(|| {
+                let sum: f64 = estimates.values.iter().sum();
+                Efficiency {
+                    sum,
+                    expected: v_all - v_none,
+                    gap: sum - (v_all - v_none),
+                }
+            });
+        let ranks = ranks(&estimates.values);
+        let attributions = self
+            .players
+            .players()
+            .iter()
+            .enumerate()
+            .map(|(i, player)| Attribution {
+                player: player.clone(),
+                value: estimates.values[i],
+                std_error: estimates.std_errors.as_ref().map(|se| se[i]),
+                rank: ranks[i],
+            })
+            .collect();
+        Explanation {
+            attributions,
+            v_all,
+            v_none,
+            efficiency,
+            coalitions: self.plan.coalitions().len(),
+            unique_prompts: self.schedule.prompts.len(),
+        }
+    }
+}
+
+/// 1 for the largest |value|, ties broken by player order.
+fn ranks(values: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[b].abs().total_cmp(&values[a].abs()).then(a.cmp(&b)));
+    let mut ranks = vec![0; values.len()];
+    for (r, &i) in order.iter().enumerate() {
+        ranks[i] = r + 1;
+    }
+    ranks
+}
+
+/// One player's attribution.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attribution {
+    #[serde(flatten)]
+    pub player: Player,
+    pub value: f64,
+    /// Standard error of a sampling estimate; `None` for exact.
+    pub std_error: Option<f64>,
+    /// 1 is the largest |value|.
+    pub rank: usize,
+}
+
+/// Exact Shapley values sum to v(all) - v(none); `gap` is how far they miss.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Efficiency {
+    pub sum: f64,
+    pub expected: f64,
+    pub gap: f64,
+}
+
+/// The result of an explanation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    /// In player order.
+    pub attributions: Vec<Attribution>,
+    pub v_all: f64,
+    pub v_none: f64,
+    /// For exact Shapley only.
+    pub efficiency: Option<Efficiency>,
+    /// Distinct coalitions the estimator planned.
+    pub coalitions: usize,
+    /// Distinct prompts those coalitions rendered to.
+    pub unique_prompts: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmhost_plugin_api::abi_stable::std_types::RVec;
+    use lmhost_plugin_api::{Message, Role, Turn};
+
+    /// Value: how many times "yes" appears in the prompt.
+    fn yes_count(prompt: &ConversationSnapshot) -> f64 {
+        prompt
+            .messages()
+            .map(|m| m.text_content().matches("yes").count())
+            .sum::<usize>() as f64
+    }
+
+    #[test]
+    fn job_turns_prompt_values_into_attributions() {
+        let conversation = ConversationSnapshot::new(vec![Turn {
+            messages: RVec::from(vec![
+                Message::text(Role::System, "say yes"),
+                Message::text(Role::User, "no no"),
+                Message::text(Role::User, "yes yes"),
+            ]),
+        }])
+        .unwrap();
+        let players = Players::split(&conversation, &PlayerSpec::default()).unwrap();
+        let plan = Plan::new(players.len(), &EstimatorSettings::default()).unwrap();
+        let job = Job::new(players, plan, &Absence::Delete, true);
+        assert_eq!(job.prompts().len(), 8);
+        let values: Vec<f64> = job.prompts().iter().map(yes_count).collect();
+        let e = job.finish(&values);
+        let got: Vec<f64> = e.attributions.iter().map(|a| a.value).collect();
+        assert_eq!(got, [1.0, 0.0, 2.0]);
+        assert_eq!((e.v_all, e.v_none), (3.0, 0.0));
+        assert_eq!(e.attributions[2].rank, 1);
+        assert!(e.efficiency.unwrap().gap.abs() < 1e-12);
+    }
+
+    #[test]
+    fn identical_words_deleted_give_one_prompt() {
+        let conversation = ConversationSnapshot::from_prompt("a a");
+        let spec = PlayerSpec {
+            granularity: Granularity::Words,
+            ..PlayerSpec::default()
+        };
+        let players = Players::split(&conversation, &spec).unwrap();
+        let plan = Plan::new(2, &EstimatorSettings::default()).unwrap();
+        let job = Job::new(players, plan, &Absence::Delete, true);
+        // {}, {0}, {1}, {0,1}: {0} and {1} both render "a".
+        assert_eq!(job.plan().coalitions().len(), 4);
+        assert_eq!(job.prompts().len(), 3);
+    }
+}

@@ -1,0 +1,302 @@
+//! Players: the parts of a conversation whose influence is measured. A conversation splits into
+//! messages, sentences or words, optionally only within chosen turns and roles; text outside
+//! the players (other messages, whitespace between players) is always present.
+
+use std::ops::Range;
+
+use lmhost_plugin_api::{ConversationSnapshot, Role};
+use serde::Serialize;
+
+use super::error::ExplainError;
+pub use super::settings::Granularity;
+
+/// Which players to make.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlayerSpec {
+    pub granularity: Granularity,
+    /// Only messages of these roles hold players; empty means every role.
+    pub roles: Vec<Role>,
+    /// Only these turns hold players (0 is the first, -1 the last); empty means every turn.
+    pub turns: Vec<i64>,
+}
+
+/// One player: a stable id (`m2` a message, `m2.s0` a sentence, `m2.w5` a word; `m` counts
+/// messages across turns from 0) and its text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Player {
+    pub id: String,
+    pub text: String,
+    pub role: Role,
+    pub turn: usize,
+    /// Index of the message across the whole conversation.
+    pub message: usize,
+    /// Byte range of `text` inside the message's text.
+    #[serde(skip)]
+    pub span: Range<usize>,
+}
+
+/// Where a message's players lie in its text: before, between and after them is fixed text.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MessageLayout {
+    pub lead: Range<usize>,
+    pub players: Vec<(usize, Range<usize>)>,
+    pub trail: Range<usize>,
+}
+
+/// The players of one conversation, with what is needed to render coalitions of them.
+#[derive(Debug, Clone)]
+pub struct Players {
+    conversation: ConversationSnapshot,
+    players: Vec<Player>,
+    /// Per turn, per message: the layout when the message holds players.
+    layouts: Vec<Vec<Option<MessageLayout>>>,
+}
+
+impl Players {
+    /// Splits `conversation` as `spec` says. Fails when a turn filter names a turn that does not
+    /// exist, or when the filters leave no player.
+    pub fn split(
+        conversation: &ConversationSnapshot,
+        spec: &PlayerSpec,
+    ) -> Result<Players, ExplainError> {
+        let n_turns = conversation.turns.len();
+        let mut chosen_turns = Vec::new();
+        for &t in &spec.turns {
+            let index = if t < 0 { n_turns as i64 + t } else { t };
+            if index < 0 || index >= n_turns as i64 {
+                return Err(ExplainError::Players(format!(
+                    "turn {t} does not exist: the conversation has {n_turns} turn(s), so turns \
+                     must be in 0..={} (or -{n_turns}..=-1 from the end)",
+                    n_turns - 1
+                )));
+            }
+            chosen_turns.push(index as usize);
+        }
+        let mut players = Vec::new();
+        let mut layouts = Vec::new();
+        let mut global = 0;
+        for (t, turn) in conversation.turns.iter().enumerate() {
+            let mut turn_layouts = Vec::new();
+            for message in turn.messages.iter() {
+                let selected = (spec.turns.is_empty() || chosen_turns.contains(&t))
+                    && (spec.roles.is_empty() || spec.roles.contains(&message.role));
+                let text = message.text_content();
+                let spans = if selected {
+                    split_text(&text, spec.granularity)
+                } else {
+                    Vec::new()
+                };
+                let layout = (!spans.is_empty()).then(|| {
+                    let first = players.len();
+                    let layout = MessageLayout {
+                        lead: 0..spans[0].start,
+                        players: spans
+                            .iter()
+                            .enumerate()
+                            .map(|(k, span)| (first + k, span.clone()))
+                            .collect(),
+                        trail: spans[spans.len() - 1].end..text.len(),
+                    };
+                    for (k, span) in spans.iter().enumerate() {
+                        let id = match spec.granularity {
+                            Granularity::Messages => format!("m{global}"),
+                            Granularity::Sentences => format!("m{global}.s{k}"),
+                            Granularity::Words => format!("m{global}.w{k}"),
+                        };
+                        players.push(Player {
+                            id,
+                            text: text[span.clone()].to_string(),
+                            role: message.role,
+                            turn: t,
+                            message: global,
+                            span: span.clone(),
+                        });
+                    }
+                    layout
+                });
+                turn_layouts.push(layout);
+                global += 1;
+            }
+            layouts.push(turn_layouts);
+        }
+        if players.is_empty() {
+            return Err(ExplainError::Players(format!(
+                "no players: splitting into {} with roles {:?} and turns {:?} selects no text; \
+                 widen `roles` or `turns`",
+                spec.granularity, spec.roles, spec.turns
+            )));
+        }
+        Ok(Players {
+            conversation: conversation.clone(),
+            players,
+            layouts,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.players.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.players.is_empty()
+    }
+
+    pub fn players(&self) -> &[Player] {
+        &self.players
+    }
+
+    pub fn conversation(&self) -> &ConversationSnapshot {
+        &self.conversation
+    }
+
+    pub(crate) fn layout(&self, turn: usize, message: usize) -> Option<&MessageLayout> {
+        self.layouts.get(turn)?.get(message)?.as_ref()
+    }
+
+    pub(crate) fn message_has_players(&self, turn: usize, message: usize) -> bool {
+        self.layout(turn, message).is_some()
+    }
+}
+
+/// Byte ranges of the players in one message's text.
+fn split_text(text: &str, granularity: Granularity) -> Vec<Range<usize>> {
+    match granularity {
+        Granularity::Messages => std::iter::once(0..text.len()).collect(),
+        Granularity::Words => words(text),
+        Granularity::Sentences => sentences(text),
+    }
+}
+
+/// Maximal runs of non-whitespace.
+fn words(text: &str) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices() {
+        match (c.is_whitespace(), start) {
+            (false, None) => start = Some(i),
+            (true, Some(s)) => {
+                out.push(s..i);
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        out.push(s..text.len());
+    }
+    out
+}
+
+/// Sentences: a word ending in `.`, `!`, `?` or `…` (before closing quotes or brackets) ends
+/// one, and so does a line break.
+fn sentences(text: &str) -> Vec<Range<usize>> {
+    let words = words(text);
+    let mut out = Vec::new();
+    let mut start: Option<usize> = None;
+    for (k, word) in words.iter().enumerate() {
+        let s = *start.get_or_insert(word.start);
+        let core = text[word.clone()].trim_end_matches(['"', '\'', ')', ']', '»', '”', '’']);
+        let terminal = core.ends_with(['.', '!', '?', '…']);
+        let gap_end = words.get(k + 1).map_or(text.len(), |w| w.start);
+        let line_break = text[word.end..gap_end].contains('\n');
+        if terminal || line_break || k + 1 == words.len() {
+            out.push(s..word.end);
+            start = None;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmhost_plugin_api::abi_stable::std_types::RVec;
+    use lmhost_plugin_api::{Message, Turn};
+
+    fn conversation() -> ConversationSnapshot {
+        let turn = |messages: Vec<Message>| Turn {
+            messages: RVec::from(messages),
+        };
+        ConversationSnapshot::new(vec![
+            turn(vec![
+                Message::text(Role::System, "You are terse."),
+                Message::text(Role::User, "Hi there. How are you?"),
+                Message::text(Role::Assistant, "Fine!"),
+            ]),
+            turn(vec![Message::text(
+                Role::User,
+                "Read this:\nThe sky is \"blue.\" Why?",
+            )]),
+        ])
+        .unwrap()
+    }
+
+    fn split(granularity: Granularity, roles: Vec<Role>, turns: Vec<i64>) -> Vec<(String, String)> {
+        let spec = PlayerSpec {
+            granularity,
+            roles,
+            turns,
+        };
+        Players::split(&conversation(), &spec)
+            .unwrap()
+            .players()
+            .iter()
+            .map(|p| (p.id.clone(), p.text.clone()))
+            .collect()
+    }
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+        items
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn messages_are_players_with_global_ids() {
+        let got = split(Granularity::Messages, vec![], vec![]);
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[3].0, "m3");
+        assert_eq!(got[1].1, "Hi there. How are you?");
+    }
+
+    #[test]
+    fn sentences_end_at_punctuation_quotes_and_line_breaks() {
+        let got = split(Granularity::Sentences, vec![Role::User], vec![]);
+        assert_eq!(
+            got,
+            pairs(&[
+                ("m1.s0", "Hi there."),
+                ("m1.s1", "How are you?"),
+                ("m3.s0", "Read this:"),
+                ("m3.s1", "The sky is \"blue.\""),
+                ("m3.s2", "Why?"),
+            ])
+        );
+    }
+
+    #[test]
+    fn words_limited_to_the_last_turn() {
+        let got = split(Granularity::Words, vec![], vec![-1]);
+        assert_eq!(got.len(), 7);
+        assert_eq!(got[0], ("m3.w0".to_string(), "Read".to_string()));
+        assert_eq!(got[6], ("m3.w6".to_string(), "Why?".to_string()));
+    }
+
+    #[test]
+    fn bad_filters_are_named() {
+        let spec = PlayerSpec {
+            turns: vec![5],
+            ..PlayerSpec::default()
+        };
+        let err = Players::split(&conversation(), &spec).unwrap_err();
+        assert!(err.to_string().contains("turn 5 does not exist"), "{err}");
+        let spec = PlayerSpec {
+            roles: vec![Role::Assistant],
+            turns: vec![1],
+            ..PlayerSpec::default()
+        };
+        let err = Players::split(&conversation(), &spec).unwrap_err();
+        assert!(err.to_string().contains("no players"), "{err}");
+    }
+}

@@ -1,0 +1,133 @@
+//! Scheduling: identical prompts are evaluated once, and prompts run in lexicographic order of
+//! their rendered content, so that consecutive prompts share the longest prefixes and a
+//! backend's prefix cache reuses the most.
+
+use std::collections::HashMap;
+
+use lmhost_plugin_api::{ConversationSnapshot, Part};
+
+/// Unique prompts in evaluation order, and which prompt each coalition maps to.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub prompts: Vec<ConversationSnapshot>,
+    /// For each input coalition, its index in `prompts`.
+    pub of_coalition: Vec<usize>,
+}
+
+/// Deduplicates `rendered` (one prompt per coalition) and, when `sort` is set, orders the
+/// unique prompts by content; otherwise they keep their first-seen order.
+pub fn schedule(rendered: &[ConversationSnapshot], sort: bool) -> Schedule {
+    let mut unique: Vec<(String, &ConversationSnapshot)> = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut first_index = Vec::with_capacity(rendered.len());
+    for prompt in rendered {
+        let key = content_key(prompt);
+        let next = unique.len();
+        let index = *seen.entry(key.clone()).or_insert(next);
+        if index == next {
+            unique.push((key, prompt));
+        }
+        first_index.push(index);
+    }
+    let mut order: Vec<usize> = (0..unique.len()).collect();
+    if sort {
+        order.sort_by(|&a, &b| unique[a].0.cmp(&unique[b].0));
+    }
+    let mut position = vec![0; unique.len()];
+    for (pos, &u) in order.iter().enumerate() {
+        position[u] = pos;
+    }
+    Schedule {
+        prompts: order.iter().map(|&u| unique[u].1.clone()).collect(),
+        of_coalition: first_index.iter().map(|&u| position[u]).collect(),
+    }
+}
+
+/// The prompt as one string: each message's role and parts in order, with control characters
+/// marking the boundaries, so equal keys mean equal prompts and a shared key prefix means a
+/// shared prompt prefix.
+pub fn content_key(prompt: &ConversationSnapshot) -> String {
+    let mut key = String::new();
+    for turn in prompt.turns.iter() {
+        for message in turn.messages.iter() {
+            key.push_str(message.role.as_str());
+            key.push('\u{1}');
+            for part in message.parts.iter() {
+                match part {
+                    Part::Text { text } => key.push_str(text),
+                    Part::Audio { audio } => {
+                        // Audio is compared by its exact samples.
+                        key.push('\u{4}');
+                        for s in audio.samples.iter() {
+                            key.push_str(&format!("{:08x}", s.to_bits()));
+                        }
+                        key.push_str(&format!("@{}", audio.sample_rate));
+                    }
+                }
+                key.push('\u{2}');
+            }
+            key.push('\u{3}');
+        }
+        key.push('\u{5}');
+    }
+    key
+}
+
+/// Characters shared by each prompt's key with the previous one's: what a one-entry prefix
+/// cache could reuse in this order.
+pub fn shared_prefix_chars(prompts: &[ConversationSnapshot]) -> usize {
+    let keys: Vec<String> = prompts.iter().map(content_key).collect();
+    keys.windows(2)
+        .map(|w| {
+            w[0].chars()
+                .zip(w[1].chars())
+                .take_while(|(a, b)| a == b)
+                .count()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(text: &str) -> ConversationSnapshot {
+        ConversationSnapshot::from_prompt(text)
+    }
+
+    #[test]
+    fn duplicates_are_evaluated_once_and_every_coalition_finds_its_prompt() {
+        let rendered = vec![
+            prompt("b x"),
+            prompt("a"),
+            prompt("b x"),
+            prompt("a y"),
+            prompt("a"),
+        ];
+        let s = schedule(&rendered, true);
+        assert_eq!(s.prompts.len(), 3);
+        let texts: Vec<String> = s
+            .prompts
+            .iter()
+            .map(|p| p.messages().next().unwrap().text_content())
+            .collect();
+        assert_eq!(texts, ["a", "a y", "b x"]);
+        for (c, &p) in s.of_coalition.iter().enumerate() {
+            assert_eq!(s.prompts[p], rendered[c]);
+        }
+        let unsorted = schedule(&rendered, false);
+        assert_eq!(unsorted.prompts.len(), 3);
+        assert_eq!(unsorted.prompts[0], rendered[0]);
+    }
+
+    #[test]
+    fn sorting_increases_shared_prefixes() {
+        let rendered: Vec<_> = ["b 1", "a 1", "b 2", "a 2", "b 3", "a 3"]
+            .iter()
+            .map(|t| prompt(t))
+            .collect();
+        let sorted = schedule(&rendered, true);
+        let unsorted = schedule(&rendered, false);
+        assert!(shared_prefix_chars(&sorted.prompts) > shared_prefix_chars(&unsorted.prompts));
+    }
+}

@@ -1,0 +1,136 @@
+//! The choices an explanation is made of, named as in the config file and on the command line.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Defines a unit enum whose variants have snake_case names used by serde, `FromStr` and
+/// `Display`; an unknown name is refused with the list of known ones.
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? } default $default:ident) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vmeta])* $variant),+ }
+
+        impl $name {
+            pub const NAMES: &'static [&'static str] = &[$($text),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self { $name::$default }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(format!(
+                        "unknown {} `{s}`; expected one of: {}",
+                        stringify!($name).to_lowercase(),
+                        Self::NAMES.join(", ")
+                    )),
+                }
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// What one player is.
+    Granularity { Messages = "messages", Sentences = "sentences", Words = "words" } default Messages
+}
+
+named_enum! {
+    /// What happens to an absent player's text.
+    AbsenceKind { Delete = "delete", Pad = "pad" } default Delete
+}
+
+named_enum! {
+    /// The value of a coalition.
+    ValueKind {
+        AnswerLogprob = "answer_logprob",
+        GeneratedLogprob = "generated_logprob",
+        EmbeddingCosine = "embedding_cosine",
+        TfidfCosine = "tfidf_cosine",
+    } default AnswerLogprob
+}
+
+named_enum! {
+    /// How attributions are computed from coalition values.
+    EstimatorKind {
+        /// Every coalition: 2^n values.
+        Exact = "exact",
+        /// Monte Carlo over random permutations (Castro et al. 2009).
+        Permutation = "permutation",
+        /// Permutations in antithetic pairs, each with its reverse (Mitchell et al. 2022).
+        Antithetic = "antithetic",
+        /// Uniform random coalitions with maximum sample reuse, for Banzhaf (Wang & Jia 2023).
+        Msr = "msr",
+    } default Exact
+}
+
+named_enum! {
+    /// Which attribution: Shapley weighs coalitions by size, Banzhaf uniformly.
+    Estimand { Shapley = "shapley", Banzhaf = "banzhaf" } default Shapley
+}
+
+/// What happens to absent players.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Absence {
+    /// Their text is removed (and a message left empty with it).
+    Delete,
+    /// Their text is replaced by `placeholder`.
+    Pad { placeholder: String },
+}
+
+impl Absence {
+    pub fn pad(placeholder: impl Into<String>) -> Self {
+        Absence::Pad {
+            placeholder: placeholder.into(),
+        }
+    }
+
+    pub fn new(kind: AbsenceKind, placeholder: &str) -> Self {
+        match kind {
+            AbsenceKind::Delete => Absence::Delete,
+            AbsenceKind::Pad => Absence::pad(placeholder),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_list_the_known() {
+        for name in EstimatorKind::NAMES {
+            assert_eq!(name.parse::<EstimatorKind>().unwrap().as_str(), *name);
+        }
+        let err = "kernel".parse::<EstimatorKind>().unwrap_err();
+        assert!(err.contains("exact, permutation, antithetic, msr"), "{err}");
+    }
+}

@@ -1,0 +1,440 @@
+//! Value functions: what a coalition's prompt is worth, measured through a [`Model`]. Each
+//! declares the backend capability it needs, so a run is refused before any work.
+
+use std::collections::{HashMap, HashSet};
+
+use lmhost_plugin_api::{Capabilities, ConversationSnapshot, GenerationRecord, ScoreRecord};
+
+use super::error::ExplainError;
+use super::settings::ValueKind;
+
+/// What value functions ask of a language model; the host implements it over a backend.
+pub trait Model {
+    fn capabilities(&self) -> Capabilities;
+    /// The reply to `prompt`, with embeddings when `embeddings` is set.
+    fn generate(
+        &self,
+        prompt: &ConversationSnapshot,
+        embeddings: bool,
+    ) -> Result<GenerationRecord, String>;
+    /// The teacher-forced logprobs of `reply` after `prompt`.
+    fn score(&self, prompt: &ConversationSnapshot, reply: &str) -> Result<ScoreRecord, String>;
+}
+
+/// A coalition's value and what computing it cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evaluation {
+    pub value: f64,
+    pub prompt_tokens: u64,
+    /// Prompt tokens the backend took from its prefix cache.
+    pub cached_prompt_tokens: u64,
+}
+
+/// A backend capability a value function needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `score`: teacher-forced logprobs of a given reply.
+    Score,
+    /// Logprobs of generated tokens.
+    Logprobs,
+    /// Contextual embeddings of replies.
+    Embeddings,
+    /// Plain generation.
+    Generation,
+}
+
+impl Need {
+    pub fn of(kind: ValueKind) -> Need {
+        match kind {
+            ValueKind::AnswerLogprob => Need::Score,
+            ValueKind::GeneratedLogprob => Need::Logprobs,
+            ValueKind::EmbeddingCosine => Need::Embeddings,
+            ValueKind::TfidfCosine => Need::Generation,
+        }
+    }
+
+    /// Refuses a backend without the capability, naming the value and a value that would work.
+    pub fn check(self, kind: ValueKind, caps: &Capabilities) -> Result<(), ExplainError> {
+        let (ok, needs) = match self {
+            Need::Score => (
+                caps.scores_continuations,
+                "scores continuations (`score`); try `value = \"generated_logprob\"` or \
+                 \"tfidf_cosine\"",
+            ),
+            Need::Logprobs => (
+                caps.returns_logprobs,
+                "returns logprobs; try `value = \"tfidf_cosine\"`",
+            ),
+            Need::Embeddings => (
+                caps.embeddings,
+                "returns embeddings; try `value = \"tfidf_cosine\"`",
+            ),
+            Need::Generation => (true, ""),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(ExplainError::Capability {
+                value: kind.to_string(),
+                needs: needs.into(),
+            })
+        }
+    }
+}
+
+/// The answer being explained.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BaseAnswer {
+    pub text: String,
+    /// Its contextual embedding, when the backend gave one.
+    pub contextual_embedding: Option<Vec<f32>>,
+}
+
+/// The value of one coalition's prompt.
+pub trait ValueFunction {
+    fn kind(&self) -> ValueKind;
+    /// Whether replies must be generated with embeddings.
+    fn needs_embeddings(&self) -> bool {
+        false
+    }
+    fn evaluate(
+        &self,
+        model: &dyn Model,
+        prompt: &ConversationSnapshot,
+    ) -> Result<Evaluation, ExplainError>;
+}
+
+/// The value function `kind` explaining `base` in `conversation`.
+pub fn build(
+    kind: ValueKind,
+    mean: bool,
+    base: &BaseAnswer,
+    conversation: &ConversationSnapshot,
+) -> Result<Box<dyn ValueFunction + Send + Sync>, ExplainError> {
+    Ok(match kind {
+        ValueKind::AnswerLogprob => {
+            if base.text.trim().is_empty() {
+                return Err(ExplainError::Model {
+                    what: "the base answer".into(),
+                    message: "it is empty, so there is nothing to score; give --reply TEXT or \
+                              raise [generation] max_new_tokens"
+                        .into(),
+                });
+            }
+            Box::new(AnswerLogprob {
+                reply: base.text.clone(),
+                mean,
+            })
+        }
+        ValueKind::GeneratedLogprob => Box::new(GeneratedLogprob { mean }),
+        ValueKind::EmbeddingCosine => {
+            let Some(embedding) = base.contextual_embedding.clone() else {
+                return Err(ExplainError::Model {
+                    what: "the base answer".into(),
+                    message: "it has no contextual embedding (the backend returned none, or \
+                              --reply was given); embedding_cosine needs one"
+                        .into(),
+                });
+            };
+            Box::new(EmbeddingCosine { base: embedding })
+        }
+        ValueKind::TfidfCosine => Box::new(TfidfCosine::new(&base.text, conversation)),
+    })
+}
+
+fn model_error(message: String) -> ExplainError {
+    ExplainError::Model {
+        what: "a coalition".into(),
+        message,
+    }
+}
+
+fn sum_or_mean(logprobs: &[f32], mean: bool) -> f64 {
+    let sum: f64 = logprobs.iter().map(|&l| f64::from(l)).sum();
+    if mean && !logprobs.is_empty() {
+        sum / logprobs.len() as f64
+    } else {
+        sum
+    }
+}
+
+/// log p(base answer | prompt), through `score`.
+struct AnswerLogprob {
+    reply: String,
+    mean: bool,
+}
+
+impl ValueFunction for AnswerLogprob {
+    fn kind(&self) -> ValueKind {
+        ValueKind::AnswerLogprob
+    }
+
+    fn evaluate(
+        &self,
+        model: &dyn Model,
+        prompt: &ConversationSnapshot,
+    ) -> Result<Evaluation, ExplainError> {
+        let record = model.score(prompt, &self.reply).map_err(model_error)?;
+        Ok(Evaluation {
+            value: sum_or_mean(&record.logprobs, self.mean),
+            prompt_tokens: record.prompt_tokens.into(),
+            cached_prompt_tokens: record.cached_prompt_tokens.into(),
+        })
+    }
+}
+
+/// The logprob of the reply the coalition's prompt itself generates.
+struct GeneratedLogprob {
+    mean: bool,
+}
+
+impl ValueFunction for GeneratedLogprob {
+    fn kind(&self) -> ValueKind {
+        ValueKind::GeneratedLogprob
+    }
+
+    fn evaluate(
+        &self,
+        model: &dyn Model,
+        prompt: &ConversationSnapshot,
+    ) -> Result<Evaluation, ExplainError> {
+        let record = model.generate(prompt, false).map_err(model_error)?;
+        Ok(generated(&record, sum_or_mean(&record.logprobs, self.mean)))
+    }
+}
+
+fn generated(record: &GenerationRecord, value: f64) -> Evaluation {
+    Evaluation {
+        value,
+        prompt_tokens: record.prompt_tokens.into(),
+        cached_prompt_tokens: record.cached_prompt_tokens.into(),
+    }
+}
+
+/// Cosine between the contextual embeddings of the coalition's reply and the base reply.
+struct EmbeddingCosine {
+    base: Vec<f32>,
+}
+
+impl ValueFunction for EmbeddingCosine {
+    fn kind(&self) -> ValueKind {
+        ValueKind::EmbeddingCosine
+    }
+
+    fn needs_embeddings(&self) -> bool {
+        true
+    }
+
+    fn evaluate(
+        &self,
+        model: &dyn Model,
+        prompt: &ConversationSnapshot,
+    ) -> Result<Evaluation, ExplainError> {
+        let record = model.generate(prompt, true).map_err(model_error)?;
+        let Some(embedding) = record.contextual_embedding.as_ref().into_option() else {
+            return Err(model_error(
+                "the backend returned no contextual embedding for the reply".into(),
+            ));
+        };
+        if embedding.len() != self.base.len() {
+            return Err(model_error(format!(
+                "embedding has {} dimensions, the base answer's has {}",
+                embedding.len(),
+                self.base.len()
+            )));
+        }
+        Ok(generated(&record, cosine(embedding, &self.base)))
+    }
+}
+
+/// Cosine similarity; 0 when either vector is zero.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum();
+    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
+}
+
+/// TF-IDF cosine between the coalition's reply and the base reply. Document frequencies come
+/// from the conversation's messages and the base reply, so a coalition's value depends on its
+/// prompt alone (and can be stored and resumed).
+struct TfidfCosine {
+    idf: HashMap<String, f64>,
+    base: HashMap<String, f64>,
+}
+
+impl TfidfCosine {
+    fn new(base: &str, conversation: &ConversationSnapshot) -> Self {
+        let mut documents: Vec<String> =
+            conversation.messages().map(|m| m.text_content()).collect();
+        documents.push(base.to_string());
+        let mut df: HashMap<String, usize> = HashMap::new();
+        for doc in &documents {
+            for term in terms(doc).into_iter().collect::<HashSet<_>>() {
+                *df.entry(term).or_default() += 1;
+            }
+        }
+        let n = documents.len() as f64;
+        let idf = df
+            .into_iter()
+            .map(|(t, d)| (t, ((1.0 + n) / (1.0 + d as f64)).ln() + 1.0))
+            .collect();
+        let mut this = TfidfCosine {
+            idf,
+            base: HashMap::new(),
+        };
+        this.base = this.vector(base);
+        this
+    }
+
+    fn vector(&self, text: &str) -> HashMap<String, f64> {
+        let n = self.idf.len() as f64;
+        // Terms unseen in the conversation get the largest idf.
+        let unseen = ((1.0 + n) / 1.0).ln() + 1.0;
+        let mut v: HashMap<String, f64> = HashMap::new();
+        for term in terms(text) {
+            *v.entry(term).or_default() += 1.0;
+        }
+        for (term, weight) in v.iter_mut() {
+            *weight *= self.idf.get(term).copied().unwrap_or(unseen);
+        }
+        v
+    }
+}
+
+fn terms(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+impl ValueFunction for TfidfCosine {
+    fn kind(&self) -> ValueKind {
+        ValueKind::TfidfCosine
+    }
+
+    fn evaluate(
+        &self,
+        model: &dyn Model,
+        prompt: &ConversationSnapshot,
+    ) -> Result<Evaluation, ExplainError> {
+        let record = model.generate(prompt, false).map_err(model_error)?;
+        let v = self.vector(&record.text);
+        let dot: f64 = v
+            .iter()
+            .map(|(t, x)| x * self.base.get(t).unwrap_or(&0.0))
+            .sum();
+        let norm = |m: &HashMap<String, f64>| m.values().map(|x| x * x).sum::<f64>().sqrt();
+        let (na, nb) = (norm(&v), norm(&self.base));
+        let value = if na == 0.0 || nb == 0.0 {
+            0.0
+        } else {
+            dot / (na * nb)
+        };
+        Ok(generated(&record, value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmhost_plugin_api::abi_stable::std_types::{ROption, RVec};
+    use lmhost_plugin_api::FinishReason;
+
+    /// Replies with the prompt's last message; scores a reply by its length.
+    struct Echo;
+
+    impl Model for Echo {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+
+        fn generate(
+            &self,
+            prompt: &ConversationSnapshot,
+            _: bool,
+        ) -> Result<GenerationRecord, String> {
+            let text = prompt
+                .messages()
+                .last()
+                .map(|m| m.text_content())
+                .unwrap_or_default();
+            Ok(GenerationRecord {
+                text: text.as_str().into(),
+                token_ids: RVec::new(),
+                logprobs: RVec::from(vec![-1.0, -3.0]),
+                embedding: ROption::RNone,
+                contextual_embedding: ROption::RSome(RVec::from(vec![1.0, 0.0])),
+                prompt_tokens: 5,
+                cached_prompt_tokens: 2,
+                finish_reason: FinishReason::Eos,
+            })
+        }
+
+        fn score(&self, _: &ConversationSnapshot, reply: &str) -> Result<ScoreRecord, String> {
+            Ok(ScoreRecord {
+                token_ids: RVec::new(),
+                logprobs: reply.split_whitespace().map(|_| -0.5).collect(),
+                prompt_tokens: 4,
+                cached_prompt_tokens: 1,
+            })
+        }
+    }
+
+    fn base(text: &str) -> BaseAnswer {
+        BaseAnswer {
+            text: text.into(),
+            contextual_embedding: Some(vec![1.0, 1.0]),
+        }
+    }
+
+    #[test]
+    fn each_value_function_measures_what_it_says() {
+        let prompt = ConversationSnapshot::from_prompt("red apples are red");
+        let eval = |kind, mean, answer: &str| {
+            build(kind, mean, &base(answer), &prompt)
+                .unwrap()
+                .evaluate(&Echo, &prompt)
+                .unwrap()
+        };
+        let e = eval(ValueKind::AnswerLogprob, false, "a b c d");
+        assert_eq!(
+            (e.value, e.prompt_tokens, e.cached_prompt_tokens),
+            (-2.0, 4, 1)
+        );
+        assert_eq!(eval(ValueKind::AnswerLogprob, true, "a b c d").value, -0.5);
+        assert_eq!(eval(ValueKind::GeneratedLogprob, false, "x").value, -4.0);
+        assert_eq!(eval(ValueKind::GeneratedLogprob, true, "x").value, -2.0);
+        let c = eval(ValueKind::EmbeddingCosine, false, "x").value;
+        assert!((c - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-6);
+        assert!(
+            (eval(ValueKind::TfidfCosine, false, "Red apples are red").value - 1.0).abs() < 1e-12
+        );
+        assert_eq!(eval(ValueKind::TfidfCosine, false, "bananas").value, 0.0);
+    }
+
+    #[test]
+    fn missing_capabilities_are_refused_by_name() {
+        let none = Capabilities::default();
+        let err = Need::of(ValueKind::AnswerLogprob)
+            .check(ValueKind::AnswerLogprob, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("answer_logprob") && err.contains("score"),
+            "{err}"
+        );
+        assert!(Need::of(ValueKind::TfidfCosine)
+            .check(ValueKind::TfidfCosine, &none)
+            .is_ok());
+    }
+}

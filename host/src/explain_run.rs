@@ -1,0 +1,306 @@
+//! Runs an explanation against a backend: the IO around the pure [`crate::explain`] module.
+//! Checks the value function's capability, makes the base answer, evaluates each scheduled
+//! prompt (from the run directory when it is already there, storing it the moment it is
+//! computed), shows progress, and gathers the figures the report needs.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lmhost_plugin_api::{
+    BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
+    KvCacheSettings, ScoreRecord,
+};
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::config::{Config, ExplanationConfig};
+use crate::error::Result;
+use crate::explain::{value, BaseAnswer, Explanation, Job, Model, Need, Plan, Players};
+use crate::run_store::{digest, prompt_key, RunStore};
+
+/// What to run, beyond the config.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The answer to explain; generated from the whole conversation when absent.
+    pub reply: Option<String>,
+    /// Persist every value here and resume from it.
+    pub run_dir: Option<PathBuf>,
+    /// Draw a progress bar on stderr (only where stderr is a terminal).
+    pub progress: bool,
+}
+
+/// Where the explained answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplySource {
+    Generated,
+    Given,
+    RunDir,
+}
+
+/// An explanation with the figures of the run that made it.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub explanation: Explanation,
+    pub players: Players,
+    pub reply: String,
+    pub reply_source: ReplySource,
+    pub settings: ExplanationConfig,
+    pub plugin: String,
+    pub model_id: String,
+    pub stats: RunStats,
+}
+
+/// Counts and times of one run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RunStats {
+    /// Prompts evaluated by the backend in this run.
+    pub evaluated: usize,
+    /// Prompts whose values came from the run directory.
+    pub reused_from_run_dir: usize,
+    /// Prompt tokens the backend computed for the evaluated prompts.
+    pub prompt_tokens_computed: u64,
+    /// Prompt tokens it took from its prefix cache instead.
+    pub prompt_tokens_reused: u64,
+    pub kv_cache_enabled: bool,
+    /// The backend's cache counters over the run (base answer included).
+    pub kv_cache_hits: u64,
+    pub kv_cache_misses: u64,
+    pub kv_cache_evictions: u64,
+    pub wall_time_s: f64,
+}
+
+/// A backend seen as the explain module's [`Model`].
+struct BackendModel<'a> {
+    backend: &'a Backend,
+    generation: &'a GenerationConfig,
+}
+
+impl Model for BackendModel<'_> {
+    fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    fn generate(
+        &self,
+        prompt: &ConversationSnapshot,
+        embeddings: bool,
+    ) -> std::result::Result<GenerationRecord, String> {
+        let mut config = self.generation.clone();
+        config.compute_embeddings |= embeddings;
+        self.backend
+            .generate(prompt, &config)
+            .map_err(|e| e.to_string())
+    }
+
+    fn score(
+        &self,
+        prompt: &ConversationSnapshot,
+        reply: &str,
+    ) -> std::result::Result<ScoreRecord, String> {
+        self.backend.score(prompt, reply).map_err(|e| e.to_string())
+    }
+}
+
+/// Explains `backend`'s answer to `conversation` as `config.explanation` says.
+pub fn run(
+    config: &Config,
+    backend: &Backend,
+    conversation: &ConversationSnapshot,
+    options: &RunOptions,
+) -> Result<Outcome> {
+    let started = Instant::now();
+    let settings = config.explanation.clone();
+    // Everything that can be refused is refused before the first model call.
+    Need::of(settings.value).check(settings.value, &backend.capabilities())?;
+    let players = Players::split(conversation, &settings.player_spec())?;
+    let plan = Plan::new(players.len(), &settings.estimator_settings())?;
+    let store = options.run_dir.as_deref().map(RunStore::open).transpose()?;
+
+    backend.set_kv_cache(KvCacheSettings {
+        enabled: settings.kv_cache,
+        ..config.kv_cache.into()
+    })?;
+    let stats_before = backend.stats();
+    let model = BackendModel {
+        backend,
+        generation: &config.generation,
+    };
+
+    let setup_key = serde_json::json!({
+        "plugin": backend.plugin(),
+        "model_id": config.backend.model_id,
+        "backend_options": crate::config::table_to_json(&config.backend.options),
+        "plugin_options": crate::config::table_to_json(&settings.plugin_options),
+        "generation": config.generation,
+    });
+    let (base, reply_source) = base_answer(
+        &model,
+        &settings,
+        conversation,
+        options,
+        store.as_ref(),
+        &setup_key,
+    )?;
+    let value_fn = value::build(settings.value, settings.value_mean, &base, conversation)?;
+    let run_key = digest(
+        serde_json::json!({
+            "setup": setup_key,
+            "value": settings.value,
+            "value_mean": settings.value_mean,
+            "answer": base.text,
+            "answer_embedding": base.contextual_embedding,
+        })
+        .to_string()
+        .as_bytes(),
+    );
+
+    let job = Job::new(players, plan, &settings.absence(), settings.sort_prompts);
+    let stored = match &store {
+        Some(store) => store.load(&run_key)?,
+        None => Default::default(),
+    };
+    let bar = progress_bar(job.prompts().len() as u64, options.progress);
+    let mut stats = RunStats {
+        kv_cache_enabled: settings.kv_cache,
+        ..RunStats::default()
+    };
+    let mut values = Vec::with_capacity(job.prompts().len());
+    for prompt in job.prompts() {
+        let key = prompt_key(prompt);
+        let evaluation = match stored.get(&key) {
+            Some(e) => {
+                stats.reused_from_run_dir += 1;
+                *e
+            }
+            None => {
+                let e = value_fn.evaluate(&model, prompt)?;
+                if let Some(store) = &store {
+                    store.put(&run_key, prompt, &e)?;
+                }
+                stats.evaluated += 1;
+                stats.prompt_tokens_computed +=
+                    e.prompt_tokens - e.cached_prompt_tokens.min(e.prompt_tokens);
+                stats.prompt_tokens_reused += e.cached_prompt_tokens;
+                e
+            }
+        };
+        if !evaluation.value.is_finite() {
+            return Err(crate::explain::ExplainError::Model {
+                what: "a coalition".into(),
+                message: format!("its value is {} (not a finite number)", evaluation.value),
+            }
+            .into());
+        }
+        values.push(evaluation.value);
+        bar.inc(1);
+        let rate = bar.position() as f64 / started.elapsed().as_secs_f64().max(1e-3);
+        bar.set_message(format!(
+            "{rate:.1}/s  {}",
+            hit_rate(&stats_before, &backend.stats())
+        ));
+    }
+    bar.finish_and_clear();
+    let explanation = job.finish(&values);
+    let after = backend.stats();
+    stats.kv_cache_hits = after
+        .kv_cache_hits
+        .saturating_sub(stats_before.kv_cache_hits);
+    stats.kv_cache_misses = after
+        .kv_cache_misses
+        .saturating_sub(stats_before.kv_cache_misses);
+    stats.kv_cache_evictions = after
+        .kv_cache_evictions
+        .saturating_sub(stats_before.kv_cache_evictions);
+    stats.wall_time_s = started.elapsed().as_secs_f64();
+    Ok(Outcome {
+        explanation,
+        players: job.players().clone(),
+        reply: base.text,
+        reply_source,
+        settings,
+        plugin: backend.plugin().to_string(),
+        model_id: backend.model_id(),
+        stats,
+    })
+}
+
+/// The answer to explain: given, stored in the run directory, or generated (and stored).
+fn base_answer(
+    model: &BackendModel<'_>,
+    settings: &ExplanationConfig,
+    conversation: &ConversationSnapshot,
+    options: &RunOptions,
+    store: Option<&RunStore>,
+    setup_key: &serde_json::Value,
+) -> Result<(BaseAnswer, ReplySource)> {
+    if let Some(reply) = &options.reply {
+        let answer = BaseAnswer {
+            text: reply.clone(),
+            contextual_embedding: None,
+        };
+        return Ok((answer, ReplySource::Given));
+    }
+    let embeddings = settings.value == crate::explain::ValueKind::EmbeddingCosine;
+    let answer_key = digest(
+        serde_json::json!({
+            "setup": setup_key,
+            "embeddings": embeddings,
+            "conversation": prompt_key(conversation),
+        })
+        .to_string()
+        .as_bytes(),
+    );
+    if let Some(answer) = store
+        .map(|s| s.base_answer(&answer_key))
+        .transpose()?
+        .flatten()
+    {
+        return Ok((answer, ReplySource::RunDir));
+    }
+    let record = model
+        .generate(conversation, embeddings)
+        .map_err(|message| crate::explain::ExplainError::Model {
+            what: "the base answer".into(),
+            message,
+        })?;
+    let answer = BaseAnswer {
+        text: record.text.to_string(),
+        contextual_embedding: record
+            .contextual_embedding
+            .into_option()
+            .map(|e| e.into_vec()),
+    };
+    if let Some(store) = store {
+        store.put_base_answer(&answer_key, &answer)?;
+    }
+    Ok((answer, ReplySource::Generated))
+}
+
+fn progress_bar(len: u64, wanted: bool) -> ProgressBar {
+    if !wanted || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style =
+        ProgressStyle::with_template("{bar:32.cyan/blue} {pos}/{len} coalitions  {msg}  ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// "cache hits 87%" over the run so far.
+fn hit_rate(before: &BackendStats, now: &BackendStats) -> String {
+    let hits = now.kv_cache_hits.saturating_sub(before.kv_cache_hits);
+    let misses = now.kv_cache_misses.saturating_sub(before.kv_cache_misses);
+    if hits + misses == 0 {
+        return "cache hits -".into();
+    }
+    format!(
+        "cache hits {:.0}%",
+        100.0 * hits as f64 / (hits + misses) as f64
+    )
+}

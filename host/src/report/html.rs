@@ -1,0 +1,193 @@
+//! The HTML report: one self-contained page (inline CSS, no scripts, no external assets) with the
+//! conversation shaded by attribution, the answer, and the table.
+
+use std::fmt::Write;
+
+use super::{number, one_line};
+use crate::explain_run::Outcome;
+
+/// Escapes text for HTML content and attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Red for positive attributions, blue for negative, opacity by |value| / max.
+fn shade(value: f64, max: f64) -> String {
+    let alpha = if max > 0.0 {
+        0.85 * value.abs() / max
+    } else {
+        0.0
+    };
+    let (r, g, b) = if value >= 0.0 {
+        (255, 0, 81)
+    } else {
+        (0, 139, 251)
+    };
+    format!("rgba({r},{g},{b},{alpha:.3})")
+}
+
+const STYLE: &str = "
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#1d1d1f;background:#fff}
+h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
+.msg{border:1px solid #ddd;border-radius:.5rem;padding:.6rem .8rem;margin:.6rem 0}
+.role{font-size:.75rem;text-transform:uppercase;letter-spacing:.05em;color:#666;margin-bottom:.3rem}
+.text{white-space:pre-wrap;line-height:1.7}
+.p{border-radius:.25rem;padding:.05rem .1rem}
+.answer{background:#f5f5f7}
+.meta{color:#555;font-size:.9rem}
+table{border-collapse:collapse;width:100%;font-size:.9rem}
+th{white-space:nowrap}th,td{padding:.25rem .5rem;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.bar{position:relative;width:14rem;height:.9rem}
+.axis{position:absolute;left:50%;top:0;bottom:0;border-left:1px solid #999}
+.fill{position:absolute;top:.1rem;bottom:.1rem}
+.legend span{display:inline-block;color:#fff;padding:0 .4rem;border-radius:.25rem;margin-right:.5rem}
+";
+
+pub fn render(outcome: &Outcome) -> String {
+    let e = &outcome.explanation;
+    let s = &outcome.settings;
+    let max = e
+        .attributions
+        .iter()
+        .map(|a| a.value.abs())
+        .fold(0.0, f64::max);
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+         <title>lmhost explain</title><style>{STYLE}</style></head><body>\n"
+    );
+    let _ = writeln!(
+        h,
+        "<h1>What made the model answer</h1><p class=\"meta\">{} {} of <b>{}</b> over {} {} \
+         · backend {} · model {} · absence {}</p>\
+         <p class=\"legend meta\"><span style=\"background:{}\">raises the value</span>\
+         <span style=\"background:{}\">lowers it</span></p>",
+        escape(s.estimator.as_str()),
+        escape(s.estimand.as_str()),
+        escape(s.value.as_str()),
+        e.attributions.len(),
+        escape(s.players.as_str()),
+        escape(&outcome.plugin),
+        escape(&outcome.model_id),
+        escape(s.absence.as_str()),
+        shade(1.0, 1.0),
+        shade(-1.0, 1.0),
+    );
+    h.push_str("<h2>Conversation</h2>\n");
+    let players = &outcome.players;
+    for (t, turn) in players.conversation().turns.iter().enumerate() {
+        for (m, message) in turn.messages.iter().enumerate() {
+            let text = message.text_content();
+            let _ = write!(
+                h,
+                "<div class=\"msg\"><div class=\"role\">{}</div><div class=\"text\">",
+                message.role.as_str()
+            );
+            match players.layout(t, m) {
+                None => h.push_str(&escape(&text)),
+                Some(layout) => {
+                    let mut at = 0;
+                    for (player, span) in &layout.players {
+                        h.push_str(&escape(&text[at..span.start]));
+                        let a = &e.attributions[*player];
+                        let _ = write!(
+                            h,
+                            "<span class=\"p\" style=\"background:{}\" title=\"{} · {} · rank {}\">{}</span>",
+                            shade(a.value, max),
+                            escape(&a.player.id),
+                            number(a.value),
+                            a.rank,
+                            escape(&text[span.clone()])
+                        );
+                        at = span.end;
+                    }
+                    h.push_str(&escape(&text[at..]));
+                }
+            }
+            h.push_str("</div></div>\n");
+        }
+    }
+    let _ = writeln!(
+        h,
+        "<h2>Answer</h2><div class=\"msg answer\"><div class=\"role\">assistant</div>\
+         <div class=\"text\">{}</div></div>",
+        escape(&outcome.reply)
+    );
+    h.push_str(
+        "<h2>Attributions</h2><table><tr><th>rank</th><th>id</th><th>text</th>\
+         <th>value</th><th>± se</th><th></th></tr>\n",
+    );
+    for a in &e.attributions {
+        let width = if max > 0.0 {
+            50.0 * a.value.abs() / max
+        } else {
+            0.0
+        };
+        let side = if a.value >= 0.0 {
+            "left:50%"
+        } else {
+            "right:50%"
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td><div class=\"bar\"><div class=\"axis\"></div>\
+             <div class=\"fill\" style=\"{side};width:{width:.2}%;background:{}\"></div></div></td></tr>",
+            a.rank,
+            escape(&a.player.id),
+            escape(&one_line(&a.player.text, 80)),
+            number(a.value),
+            a.std_error.map_or("–".into(), number),
+            shade(a.value.signum(), 1.0),
+        );
+    }
+    h.push_str("</table>\n");
+    let st = &outcome.stats;
+    let _ = writeln!(
+        h,
+        "<p class=\"meta\">v(all) = {} · v(none) = {}{} · {} coalitions, {} unique prompts, \
+         {} evaluated, {} from the run directory · prompt tokens {} computed, {} reused · {:.2} s</p>",
+        number(e.v_all),
+        number(e.v_none),
+        e.efficiency.map_or(String::new(), |eff| format!(
+            " · efficiency gap {:.1e}",
+            eff.gap
+        )),
+        e.coalitions,
+        e.unique_prompts,
+        st.evaluated,
+        st.reused_from_run_dir,
+        st.prompt_tokens_computed,
+        st.prompt_tokens_reused,
+        st.wall_time_s
+    );
+    h.push_str("</body></html>\n");
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_covers_markup_and_quotes() {
+        assert_eq!(
+            escape("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+}

@@ -1,0 +1,66 @@
+//! Reports of an explanation: a terminal table, a JSON document and a self-contained HTML page.
+
+pub mod html;
+pub mod json;
+pub mod table;
+
+/// Shortens `text` to `width` characters on one line, ending in `…` when cut.
+pub(crate) fn one_line(text: &str, width: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_whitespace() { ' ' } else { c })
+        .collect();
+    let flat = flat.trim();
+    if flat.chars().count() <= width {
+        return flat.to_string();
+    }
+    let mut out: String = flat.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// A number for people: 4 significant digits, no exponent for ordinary magnitudes.
+pub(crate) fn number(x: f64) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    if !x.is_finite() {
+        return x.to_string();
+    }
+    let magnitude = x.abs().log10().floor() as i32;
+    if (-4..6).contains(&magnitude) {
+        let decimals = (3 - magnitude).clamp(0, 8) as usize;
+        format!("{x:.decimals$}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// `number(x)` cut to at most `width` characters: fewer digits, then an exponent.
+pub(crate) fn fit(x: f64, width: usize) -> String {
+    let plain = number(x);
+    if plain.chars().count() <= width {
+        return plain;
+    }
+    for digits in (0..3).rev() {
+        let e = format!("{x:.digits$e}");
+        if e.chars().count() <= width {
+            return e;
+        }
+    }
+    format!("{x:.0e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_fit_their_columns() {
+        assert_eq!(number(-40.3012), "-40.30");
+        assert_eq!(fit(0.000_113_6, 8), "1.14e-4");
+        assert_eq!(fit(-0.000_113_6, 9), "-1.14e-4");
+        assert_eq!(fit(6.579, 9), "6.579");
+        assert!(fit(-1.234e-300, 8).chars().count() <= 8);
+    }
+}

@@ -1,0 +1,161 @@
+//! The terminal report: a header, one row per player with a signed bar, and the run's figures,
+//! every line at most 100 columns.
+
+use std::fmt::Write;
+
+use super::{fit, number, one_line};
+use crate::explain::ValueKind;
+use crate::explain_run::Outcome;
+
+/// Total width of a table row.
+pub const WIDTH: usize = 100;
+const TEXT: usize = 31;
+const HALF_BAR: usize = 17;
+
+pub fn render(outcome: &Outcome) -> String {
+    let e = &outcome.explanation;
+    let s = &outcome.settings;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}",
+        one_line(&format!("Answer: {}", outcome.reply), WIDTH)
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        one_line(
+            &format!(
+                "{} {} of {} ({}) over {} {} · absence {}{} · {}/{}",
+                s.estimator,
+                s.estimand,
+                s.value,
+                match (s.value, s.value_mean) {
+                    (ValueKind::AnswerLogprob | ValueKind::GeneratedLogprob, true) => "mean",
+                    (ValueKind::AnswerLogprob | ValueKind::GeneratedLogprob, false) => "sum",
+                    _ => "cosine",
+                },
+                e.attributions.len(),
+                s.players,
+                s.absence,
+                if e.attributions.iter().any(|a| a.std_error.is_some()) {
+                    format!(" · seed {}, budget {}", s.seed, s.budget)
+                } else {
+                    String::new()
+                },
+                outcome.plugin,
+                outcome.model_id,
+            ),
+            WIDTH
+        )
+    );
+    let max = e
+        .attributions
+        .iter()
+        .map(|a| a.value.abs())
+        .fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "{:>4} {:<8} {:<TEXT$} {:>9} {:>8} {:^w$}",
+        "rank",
+        "id",
+        "text",
+        "value",
+        "± se",
+        format!("−{} … +{}", number(max), number(max)),
+        w = 2 * HALF_BAR + 1
+    );
+    for a in &e.attributions {
+        let se = a.std_error.map_or("-".to_string(), |se| fit(se, 8));
+        let _ = writeln!(
+            out,
+            "{:>4} {:<8} {:<TEXT$} {:>9} {:>8} {}",
+            a.rank,
+            one_line(&a.player.id, 8),
+            one_line(&a.player.text, TEXT),
+            fit(a.value, 9),
+            se,
+            bar(a.value, max)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "v(all) = {}   v(none) = {}",
+        number(e.v_all),
+        number(e.v_none)
+    );
+    if let Some(eff) = &e.efficiency {
+        let _ = writeln!(
+            out,
+            "efficiency: sum of values {} = v(all) − v(none) {} (gap {:.1e})",
+            number(eff.sum),
+            number(eff.expected),
+            eff.gap
+        );
+    }
+    let st = &outcome.stats;
+    let _ = writeln!(
+        out,
+        "coalitions: {} planned, {} unique prompts, {} evaluated, {} from the run directory",
+        e.coalitions, e.unique_prompts, st.evaluated, st.reused_from_run_dir
+    );
+    let _ = writeln!(
+        out,
+        "prompt tokens: {} computed, {} reused from the kv cache ({}; {} hits, {} misses); {:.2} s",
+        st.prompt_tokens_computed,
+        st.prompt_tokens_reused,
+        if st.kv_cache_enabled { "on" } else { "off" },
+        st.kv_cache_hits,
+        st.kv_cache_misses,
+        st.wall_time_s
+    );
+    out
+}
+
+/// A bar of `2 * HALF_BAR + 1` columns: negative values grow left of the axis, positive right.
+pub fn bar(value: f64, max: f64) -> String {
+    let cells = if max > 0.0 {
+        ((value.abs() / max) * HALF_BAR as f64).round() as usize
+    } else {
+        0
+    }
+    .min(HALF_BAR);
+    let (left, right) = if value < 0.0 { (cells, 0) } else { (0, cells) };
+    format!(
+        "{}{}│{}{}",
+        " ".repeat(HALF_BAR - left),
+        "█".repeat(left),
+        "█".repeat(right),
+        " ".repeat(HALF_BAR - right)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bars_are_signed_and_fixed_width() {
+        assert_eq!(bar(1.0, 1.0).chars().count(), 2 * HALF_BAR + 1);
+        assert_eq!(
+            bar(-0.5, 1.0).trim_end(),
+            format!("{}{}│", " ".repeat(8), "█".repeat(9))
+        );
+        assert!(bar(0.5, 1.0).starts_with(&format!("{}│█", " ".repeat(HALF_BAR))));
+        assert_eq!(bar(0.0, 0.0).trim(), "│");
+    }
+
+    #[test]
+    fn a_row_fits_the_width() {
+        let row = format!(
+            "{:>4} {:<8} {:<TEXT$} {:>9} {:>8} {}",
+            12,
+            "m1.w123",
+            "x".repeat(TEXT),
+            "-1234.567",
+            "0.0001",
+            bar(-1.0, 1.0)
+        );
+        assert!(row.chars().count() <= WIDTH, "{}", row.chars().count());
+    }
+}
