@@ -17,6 +17,7 @@ pub mod conversation;
 pub mod error;
 pub mod logging;
 pub mod plugins;
+pub mod serve;
 
 use std::path::PathBuf;
 

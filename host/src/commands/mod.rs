@@ -2,6 +2,7 @@
 
 mod generate;
 mod plugins;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -33,12 +34,15 @@ enum Command {
     Plugins(plugins::Args),
     /// Generate a reply to a prompt or a conversation file.
     Generate(generate::Args),
+    /// Serve the backend over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 pub fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Plugins(args) => plugins::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
 
