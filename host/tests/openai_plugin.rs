@@ -32,7 +32,10 @@ fn conversation() -> ConversationSnapshot {
 fn generate_and_score_through_lmhost_serve_match_the_backend() {
     let server = TestServer::mock(0, |_| {});
     let remote = open(&openai_config(&server.url("/v1"), ""));
-    assert!(remote.capabilities().scores_continuations, "flavor lmhost detected, template fetched");
+    assert!(
+        remote.capabilities().scores_continuations,
+        "flavor lmhost detected, template fetched"
+    );
     let local = open(&common::mock_config(0));
     let config = GenerationConfig {
         max_new_tokens: 5,
@@ -66,7 +69,10 @@ fn the_servers_prefix_cache_shows_as_cached_prompt_tokens() {
     assert_eq!(second.cached_prompt_tokens, second.prompt_tokens - 1);
     let stats = remote.stats();
     assert_eq!(stats.kv_cache_hits, 1);
-    assert_eq!(stats.kv_cache_reused_tokens, u64::from(second.cached_prompt_tokens));
+    assert_eq!(
+        stats.kv_cache_reused_tokens,
+        u64::from(second.cached_prompt_tokens)
+    );
 }
 
 #[test]
@@ -80,7 +86,9 @@ fn stop_strings_and_sampling_settings_reach_the_server() {
         top_k: 4,
         ..Default::default()
     };
-    let want = open(&common::mock_config(0)).generate(&snapshot, &config).unwrap();
+    let want = open(&common::mock_config(0))
+        .generate(&snapshot, &config)
+        .unwrap();
     let got = remote.generate(&snapshot, &config).unwrap();
     assert_eq!(got.text, want.text, "seeded sampling follows the seed");
     let stop = want.text.split(' ').nth(1).unwrap().to_string();
@@ -89,7 +97,10 @@ fn stop_strings_and_sampling_settings_reach_the_server() {
         ..config
     };
     let got = remote.generate(&snapshot, &config).unwrap();
-    assert_eq!(got.finish_reason, lmhost_plugin_api::FinishReason::StopString);
+    assert_eq!(
+        got.finish_reason,
+        lmhost_plugin_api::FinishReason::StopString
+    );
 }
 
 #[test]
@@ -99,9 +110,15 @@ fn retries_503_then_succeeds() {
         (503, "busy".into()),
         (200, chat_answer("finally")),
     ]);
-    let backend = open(&openai_config(&script.base_url(), "flavor = \"openai\"\nmax_retries = 3"));
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\nmax_retries = 3",
+    ));
     let record = backend
-        .generate(&ConversationSnapshot::from_prompt("hi"), &GenerationConfig::default())
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
         .unwrap();
     assert_eq!(record.text.as_str(), "finally");
     assert_eq!(record.prompt_tokens, 3);
@@ -110,14 +127,26 @@ fn retries_503_then_succeeds() {
 
 #[test]
 fn gives_up_after_max_retries_with_the_status_and_message() {
-    let script = ScriptServer::start(vec![(503, r#"{"error": {"message": "overloaded"}}"#.into())]);
-    let backend = open(&openai_config(&script.base_url(), "flavor = \"openai\"\nmax_retries = 2"));
+    let script = ScriptServer::start(vec![(
+        503,
+        r#"{"error": {"message": "overloaded"}}"#.into(),
+    )]);
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\nmax_retries = 2",
+    ));
     let err = backend
-        .generate(&ConversationSnapshot::from_prompt("hi"), &GenerationConfig::default())
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
         .unwrap_err();
     assert_eq!(kind(&err), Some(ErrorKind::BackendUnavailable));
     let text = err.to_string();
-    assert!(text.contains("503") && text.contains("overloaded"), "{text}");
+    assert!(
+        text.contains("503") && text.contains("overloaded"),
+        "{text}"
+    );
     assert_eq!(script.count(), 3, "one try and two retries");
 }
 
@@ -127,13 +156,22 @@ fn client_errors_are_not_retried_and_keep_the_servers_words() {
         400,
         r#"{"error": {"message": "max_tokens is too large: 99999"}}"#.into(),
     )]);
-    let backend = open(&openai_config(&script.base_url(), "flavor = \"openai\"\nmax_retries = 5"));
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\nmax_retries = 5",
+    ));
     let err = backend
-        .generate(&ConversationSnapshot::from_prompt("hi"), &GenerationConfig::default())
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
         .unwrap_err();
     assert_eq!(kind(&err), Some(ErrorKind::InvalidInput));
     let text = err.to_string();
-    assert!(text.contains("HTTP 400") && text.contains("max_tokens is too large"), "{text}");
+    assert!(
+        text.contains("HTTP 400") && text.contains("max_tokens is too large"),
+        "{text}"
+    );
     assert_eq!(script.count(), 1);
 }
 
@@ -145,10 +183,16 @@ fn a_silent_server_times_out() {
         "flavor = \"openai\"\ntimeout_s = 1\nmax_retries = 3",
     ));
     let err = backend
-        .generate(&ConversationSnapshot::from_prompt("hi"), &GenerationConfig::default())
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
         .unwrap_err();
     assert_eq!(kind(&err), Some(ErrorKind::BackendUnavailable));
-    assert!(err.to_string().contains("did not answer within 1 s"), "{err}");
+    assert!(
+        err.to_string().contains("did not answer within 1 s"),
+        "{err}"
+    );
     assert_eq!(script.count(), 1, "a timeout is not retried");
 }
 
@@ -161,13 +205,20 @@ fn the_api_key_is_sent_but_never_shown() {
         "flavor = \"openai\"\napi_key_env = \"LMHOST_TEST_OPENAI_KEY\"",
     ));
     let err = backend
-        .generate(&ConversationSnapshot::from_prompt("hi"), &GenerationConfig::default())
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
         .unwrap_err();
     assert_eq!(kind(&err), Some(ErrorKind::Config));
     assert!(!format!("{err} {err:?}").contains("sk-very-secret"));
     assert!(err.to_string().contains("api_key_env"), "{err}");
     let requests = script.requests.lock().unwrap();
-    assert!(requests[0].contains("Bearer sk-very-secret"), "{}", requests[0]);
+    assert!(
+        requests[0].contains("Bearer sk-very-secret"),
+        "{}",
+        requests[0]
+    );
 }
 
 #[test]
@@ -180,5 +231,8 @@ fn servers_without_prompt_logprobs_say_so_by_name() {
         .unwrap_err();
     assert_eq!(kind(&err), Some(ErrorKind::Unsupported));
     let text = err.to_string();
-    assert!(text.contains("llamacpp") && text.contains(&script.base_url()), "{text}");
+    assert!(
+        text.contains("llamacpp") && text.contains(&script.base_url()),
+        "{text}"
+    );
 }

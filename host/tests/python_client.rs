@@ -61,8 +61,16 @@ fn official_python_client_chats_and_streams() {
     };
     let chat = line("CHAT ");
     assert!(!chat.is_empty());
-    assert!(chat.split(' ').all(|w| ["sun", "moon", "stars"].contains(&w)), "{chat}");
-    assert_eq!(line("STREAM "), chat, "streamed text equals the plain reply");
+    assert!(
+        chat.split(' ')
+            .all(|w| ["sun", "moon", "stars"].contains(&w)),
+        "{chat}"
+    );
+    assert_eq!(
+        line("STREAM "),
+        chat,
+        "streamed text equals the plain reply"
+    );
     let tokens: Vec<&str> = line("TOKENS ").leak().split(' ').collect();
     assert_eq!(tokens[0], tokens[1], "one logprob per completion token");
     let cached: u32 = line("CACHED ").parse().unwrap();

@@ -40,15 +40,17 @@ fn chat_completion_matches_the_backend_with_logprobs_and_usage() {
             },
         )
         .unwrap();
-    assert_eq!(json["choices"][0]["message"]["content"], expected.text.as_str());
-    let logprobs: Vec<f64> = json["choices"][0]["logprobs"]["content"]
+    assert_eq!(
+        json["choices"][0]["message"]["content"],
+        expected.text.as_str()
+    );
+    let logprobs: Vec<f32> = json["choices"][0]["logprobs"]["content"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| t["logprob"].as_f64().unwrap())
+        .map(|t| t["logprob"].as_f64().unwrap() as f32)
         .collect();
-    let want: Vec<f64> = expected.logprobs.iter().map(|&l| f64::from(l)).collect();
-    assert_eq!(logprobs, want);
+    assert_eq!(logprobs, expected.logprobs.as_slice());
     assert_eq!(
         json["choices"][0]["logprobs"]["content"][0]["token"],
         format!("token_id:{}", expected.token_ids[0])
@@ -70,7 +72,11 @@ fn repeated_prompt_reports_cached_tokens_and_metrics_count_them() {
     let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap();
-    assert_eq!(cached, prompt_tokens - 1, "mock reuses all but the last token");
+    assert_eq!(
+        cached,
+        prompt_tokens - 1,
+        "mock reuses all but the last token"
+    );
     let metrics = get(&server.url("/metrics"));
     assert_eq!(metrics.status, 200);
     assert!(metrics.content_type.starts_with("text/plain"));
@@ -83,14 +89,20 @@ fn repeated_prompt_reports_cached_tokens_and_metrics_count_them() {
         format!("lmhost_prompt_tokens_total {}", 2 * prompt_tokens),
         "lmhost_request_duration_seconds_count 2".to_string(),
     ] {
-        assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in\n{text}"
+        );
     }
 }
 
 #[test]
 fn streamed_chat_carries_the_same_text_usage_and_done() {
     let server = TestServer::mock(0, |_| {});
-    let plain = post(&server.url("/v1/chat/completions"), &chat_body("a b c d e", json!({})));
+    let plain = post(
+        &server.url("/v1/chat/completions"),
+        &chat_body("a b c d e", json!({})),
+    );
     let text = plain.json()["choices"][0]["message"]["content"]
         .as_str()
         .unwrap()
@@ -108,7 +120,10 @@ fn streamed_chat_carries_the_same_text_usage_and_done() {
         .body
         .split("\n\n")
         .filter(|e| !e.is_empty())
-        .map(|e| e.strip_prefix("data: ").expect("every event is a data line"))
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .expect("every event is a data line")
+        })
         .collect();
     assert_eq!(events.last(), Some(&"[DONE]"));
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -120,7 +135,9 @@ fn streamed_chat_carries_the_same_text_usage_and_done() {
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(content, text);
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
     let finish: Vec<&Value> = chunks
         .iter()
         .map(|c| &c["choices"][0]["finish_reason"])
@@ -160,12 +177,11 @@ fn completions_echo_scores_the_reply_like_the_backend() {
         .unwrap();
     let lp = &json["choices"][0]["logprobs"];
     assert_eq!(lp["token_logprobs"][0], Value::Null);
-    let scored: Vec<f64> = lp["token_logprobs"].as_array().unwrap()[1..]
+    let scored: Vec<f32> = lp["token_logprobs"].as_array().unwrap()[1..]
         .iter()
-        .map(|v| v.as_f64().unwrap())
+        .map(|v| v.as_f64().unwrap() as f32)
         .collect();
-    let want: Vec<f64> = expected.logprobs.iter().map(|&l| f64::from(l)).collect();
-    assert_eq!(scored, want);
+    assert_eq!(scored, expected.logprobs.as_slice());
     assert!(lp["text_offset"].as_array().unwrap()[1..]
         .iter()
         .all(|o| o.as_u64() == Some(prompt.len() as u64)));
@@ -183,10 +199,20 @@ fn text_completion_generates_from_a_plain_prompt() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     let json = answer.json();
     assert_eq!(json["object"], "text_completion");
-    let words = json["choices"][0]["text"].as_str().unwrap().split(' ').count();
+    let words = json["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .split(' ')
+        .count();
     assert_eq!(words, 3);
     assert_eq!(json["choices"][0]["finish_reason"], "length");
-    assert_eq!(json["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        json["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[test]
@@ -205,9 +231,15 @@ fn embeddings_models_props_and_health() {
     assert_eq!(models["data"][0]["id"], MODEL);
     assert_eq!(models["data"][0]["owned_by"], "lmhost");
     let props = get(&server.url("/props")).json();
-    assert!(props["chat_template"].as_str().unwrap().contains("<|{{ message.role }}|>"));
+    assert!(props["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|{{ message.role }}|>"));
     let health = get(&server.url("/health"));
-    assert_eq!((health.status, health.json()["status"].clone()), (200, json!("ok")));
+    assert_eq!(
+        (health.status, health.json()["status"].clone()),
+        (200, json!("ok"))
+    );
 }
 
 /// Every malformed request gets a 400 (or the documented status) with an OpenAI error body
@@ -222,24 +254,115 @@ fn malformed_requests_get_openai_errors_naming_the_field() {
         (&chat, "{\"model\": ".into(), 400, "body"),
         (&chat, "not json at all".into(), 400, "body"),
         (&chat, json!({"model": MODEL}).to_string(), 400, "messages"),
-        (&chat, json!({"model": MODEL, "messages": user, "temprature": 1}).to_string(), 400, "temprature"),
-        (&chat, json!({"model": MODEL, "messages": user, "temperature": "hot"}).to_string(), 400, "temperature"),
-        (&chat, json!({"model": MODEL, "messages": user, "max_tokens": -1}).to_string(), 400, "max_tokens"),
-        (&chat, json!({"model": MODEL, "messages": user, "max_tokens": 0}).to_string(), 400, "max_tokens"),
-        (&chat, json!({"model": MODEL, "messages": user, "temperature": 3.5}).to_string(), 400, "temperature"),
-        (&chat, json!({"model": MODEL, "messages": user, "top_p": 0}).to_string(), 400, "top_p"),
-        (&chat, json!({"model": MODEL, "messages": user, "stop": ["ok", ""]}).to_string(), 400, "stop[1]"),
-        (&chat, json!({"model": MODEL, "messages": user, "n": 2}).to_string(), 400, "n"),
-        (&chat, json!({"model": MODEL, "messages": user, "stream": "yes"}).to_string(), 400, "stream"),
-        (&chat, json!({"model": MODEL, "messages": []}).to_string(), 400, "messages"),
-        (&chat, json!({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}).to_string(), 400, "messages[0].role"),
-        (&chat, json!({"model": MODEL, "messages": [{"role": "user"}]}).to_string(), 400, "messages[0].content"),
-        (&chat, json!({"model": MODEL, "messages": [{"role": "user", "content": "x", "mood": 1}]}).to_string(), 400, "messages[0].mood"),
-        (&chat, json!({"model": "gpt-9", "messages": user}).to_string(), 404, "model"),
-        (&completions, json!({"model": MODEL, "prompt": 7}).to_string(), 400, "prompt"),
-        (&completions, json!({"model": MODEL, "prompt": "x", "logprobs": 5}).to_string(), 400, "logprobs"),
-        (&completions, json!({"model": MODEL, "prompt": "plain", "echo": true, "logprobs": 1}).to_string(), 400, "prompt"),
-        (&completions, json!({"model": MODEL, "prompt": ["a", "b"]}).to_string(), 400, "prompt"),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "temprature": 1}).to_string(),
+            400,
+            "temprature",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "temperature": "hot"}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "max_tokens": -1}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "max_tokens": 0}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "temperature": 3.5}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "top_p": 0}).to_string(),
+            400,
+            "top_p",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "stop": ["ok", ""]}).to_string(),
+            400,
+            "stop[1]",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "n": 2}).to_string(),
+            400,
+            "n",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "stream": "yes"}).to_string(),
+            400,
+            "stream",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": []}).to_string(),
+            400,
+            "messages",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}).to_string(),
+            400,
+            "messages[0].role",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": [{"role": "user"}]}).to_string(),
+            400,
+            "messages[0].content",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x", "mood": 1}]})
+                .to_string(),
+            400,
+            "messages[0].mood",
+        ),
+        (
+            &chat,
+            json!({"model": "gpt-9", "messages": user}).to_string(),
+            404,
+            "model",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": 7}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": "x", "logprobs": 5}).to_string(),
+            400,
+            "logprobs",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": "plain", "echo": true, "logprobs": 1}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": ["a", "b"]}).to_string(),
+            400,
+            "prompt",
+        ),
     ];
     for (url, body, status, param) in cases {
         let answer = post(url, &body);
@@ -260,7 +383,10 @@ fn oversized_bodies_and_unknown_routes_get_error_bodies() {
     assert!(answer.json()["error"]["message"].is_string());
     let answer = get(&server.url("/v2/nothing"));
     assert_eq!(answer.status, 404);
-    assert!(answer.json()["error"]["message"].as_str().unwrap().contains("/v2/nothing"));
+    assert!(answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/v2/nothing"));
 }
 
 #[test]
@@ -280,7 +406,10 @@ fn bearer_auth_guards_everything_but_health() {
 #[test]
 fn slow_requests_time_out_with_504() {
     let server = TestServer::mock(3000, |o| o.request_timeout = Duration::from_millis(200));
-    let answer = post(&server.url("/v1/chat/completions"), &chat_body("slow", json!({})));
+    let answer = post(
+        &server.url("/v1/chat/completions"),
+        &chat_body("slow", json!({})),
+    );
     assert_eq!(answer.status, 504, "{}", answer.body);
     assert_eq!(answer.json()["error"]["code"], "timeout");
 }
@@ -353,10 +482,16 @@ fn concurrent_load_loses_and_duplicates_nothing() {
         match answer.status {
             200 => {
                 let json = answer.json();
-                assert!(ids.insert(json["id"].as_str().unwrap().to_string()), "duplicate id");
+                assert!(
+                    ids.insert(json["id"].as_str().unwrap().to_string()),
+                    "duplicate id"
+                );
                 // Mock replies with words of the prompt, so the answer proves whose it is.
                 let text = json["choices"][0]["message"]["content"].as_str().unwrap();
-                assert!(!text.is_empty() && text.split(' ').all(|w| w == word), "{word}: {text}");
+                assert!(
+                    !text.is_empty() && text.split(' ').all(|w| w == word),
+                    "{word}: {text}"
+                );
                 served += 1;
             }
             503 => assert_eq!(answer.retry_after.as_deref(), Some("1")),

@@ -75,7 +75,10 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         assert_eq!(param(r#"{"model": "m"}"#), "messages");
-        assert_eq!(param(r#"{"model": "m", "messages": [], "tempo": 1}"#), "tempo");
+        assert_eq!(
+            param(r#"{"model": "m", "messages": [], "tempo": 1}"#),
+            "tempo"
+        );
         assert_eq!(
             param(r#"{"model": "m", "messages": [{"role": "robot", "content": "x"}]}"#),
             "messages[0].role"

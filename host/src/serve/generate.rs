@@ -187,7 +187,11 @@ pub(super) async fn completions(
     .apply(&state.defaults)?;
     let record = generate(&state, snapshot, config).await?;
     let logprobs = request.logprobs.map(|_| CompletionLogprobs {
-        tokens: record.token_ids.iter().map(|id| format!("token_id:{id}")).collect(),
+        tokens: record
+            .token_ids
+            .iter()
+            .map(|id| format!("token_id:{id}"))
+            .collect(),
         token_logprobs: record.logprobs.iter().map(|&l| Some(l)).collect(),
         top_logprobs: None,
         text_offset: vec![prompt.len(); record.token_ids.len()],
@@ -229,9 +233,11 @@ async fn score(
         .await
         .map_err(|e| queue_error(state, e))??;
     let replied = record.token_ids.len() as u32;
-    state
-        .metrics
-        .record_tokens(record.prompt_tokens + replied, 0, record.cached_prompt_tokens);
+    state.metrics.record_tokens(
+        record.prompt_tokens + replied,
+        0,
+        record.cached_prompt_tokens,
+    );
     let logprobs = with_logprobs.then(|| {
         let mut lp = CompletionLogprobs {
             tokens: vec![prompt[..parsed.reply_offset].to_string()],
@@ -257,7 +263,11 @@ async fn score(
             logprobs,
             finish_reason: "length",
         }],
-        usage: Usage::new(record.prompt_tokens + replied, 0, record.cached_prompt_tokens),
+        usage: Usage::new(
+            record.prompt_tokens + replied,
+            0,
+            record.cached_prompt_tokens,
+        ),
     })
     .into_response())
 }
@@ -329,7 +339,10 @@ impl Sampling {
         let mut config = defaults.clone();
         if let Some((field, n)) = self.max_tokens {
             if n == 0 {
-                return Err(ApiError::invalid(field, format!("`{field}` must be >= 1. Given: 0")));
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` must be >= 1. Given: 0"),
+                ));
             }
             config.max_new_tokens = n;
         }

@@ -71,16 +71,36 @@ impl Metrics {
             }
         }
         let counters = [
-            ("lmhost_prompt_tokens_total", "Prompt tokens processed.", load(&self.prompt_tokens)),
-            ("lmhost_completion_tokens_total", "Tokens generated.", load(&self.completion_tokens)),
+            (
+                "lmhost_prompt_tokens_total",
+                "Prompt tokens processed.",
+                load(&self.prompt_tokens),
+            ),
+            (
+                "lmhost_completion_tokens_total",
+                "Tokens generated.",
+                load(&self.completion_tokens),
+            ),
             (
                 "lmhost_cached_prompt_tokens_total",
                 "Prompt tokens the backend reported as served from its prefix cache.",
                 load(&self.cached_prompt_tokens),
             ),
-            ("lmhost_rejected_total", "Requests refused because the queue was full.", load(&self.rejected)),
-            ("lmhost_prefix_cache_hits_total", "Backend prefix-cache hits.", stats.kv_cache_hits),
-            ("lmhost_prefix_cache_misses_total", "Backend prefix-cache misses.", stats.kv_cache_misses),
+            (
+                "lmhost_rejected_total",
+                "Requests refused because the queue was full.",
+                load(&self.rejected),
+            ),
+            (
+                "lmhost_prefix_cache_hits_total",
+                "Backend prefix-cache hits.",
+                stats.kv_cache_hits,
+            ),
+            (
+                "lmhost_prefix_cache_misses_total",
+                "Backend prefix-cache misses.",
+                stats.kv_cache_misses,
+            ),
             (
                 "lmhost_prefix_cache_reused_tokens_total",
                 "Tokens the backend reused from its prefix cache.",
@@ -88,7 +108,10 @@ impl Metrics {
             ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
         }
         let _ = writeln!(
             out,
@@ -126,9 +149,9 @@ mod tests {
         metrics.record_request("/v1/chat/completions", 200, Duration::from_millis(3));
         metrics.record_request("/v1/chat/completions", 503, Duration::from_secs(20));
         let text = metrics.render(&BackendStats::default(), 0);
-        assert!(text.contains(
-            "lmhost_requests_total{route=\"/v1/chat/completions\",status=\"503\"} 1"
-        ));
+        assert!(
+            text.contains("lmhost_requests_total{route=\"/v1/chat/completions\",status=\"503\"} 1")
+        );
         assert!(text.contains("lmhost_request_duration_seconds_bucket{le=\"0.0025\"} 0"));
         assert!(text.contains("lmhost_request_duration_seconds_bucket{le=\"0.005\"} 1"));
         assert!(text.contains("lmhost_request_duration_seconds_bucket{le=\"10\"} 1"));

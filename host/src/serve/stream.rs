@@ -49,7 +49,10 @@ impl ChatStream {
                 role: None,
                 content: Some(piece.to_string()),
             };
-            push(&mut out, &chunk(vec![choice(delta, logprobs.take(), None)], None));
+            push(
+                &mut out,
+                &chunk(vec![choice(delta, logprobs.take(), None)], None),
+            );
         }
         let last = choice(Delta::default(), logprobs.take(), Some(self.finish_reason));
         push(&mut out, &chunk(vec![last], None));

@@ -107,8 +107,7 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 }
 
@@ -146,9 +145,7 @@ pub fn post(url: &str, body: &str) -> Answer {
 }
 
 pub fn post_with(url: &str, body: &str, bearer: Option<&str>) -> Answer {
-    let mut request = agent()
-        .post(url)
-        .header("Content-Type", "application/json");
+    let mut request = agent().post(url).header("Content-Type", "application/json");
     if let Some(key) = bearer {
         request = request.header("Authorization", format!("Bearer {key}"));
     }

@@ -47,12 +47,11 @@ pub fn request(
 
 pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError> {
     let bad = |what: &str| {
-        PluginError::unavailable(format!(
-            "{url} answered without {what}: {}",
-            short(answer)
-        ))
+        PluginError::unavailable(format!("{url} answered without {what}: {}", short(answer)))
     };
-    let choice = answer.pointer("/choices/0").ok_or_else(|| bad("`choices[0]`"))?;
+    let choice = answer
+        .pointer("/choices/0")
+        .ok_or_else(|| bad("`choices[0]`"))?;
     let text = match choice.pointer("/message/content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Null) | None => String::new(),

@@ -65,13 +65,17 @@ impl Client {
     /// `POST {base_url}{path}` with a JSON body; the JSON answer.
     pub fn post(&self, path: &str, body: &Value) -> Result<Value, PluginError> {
         let url = format!("{}{path}", self.config.base_url);
-        self.send(&url, || self.authorize(self.agent.post(&url)).send_json(body))
+        self.send(&url, || {
+            self.authorize(self.agent.post(&url)).send_json(body)
+        })
     }
 
     /// `POST {root}{path}`, for servers' native endpoints such as SGLang's `/generate`.
     pub fn post_root(&self, path: &str, body: &Value) -> Result<Value, PluginError> {
         let url = format!("{}{path}", self.root_url());
-        self.send(&url, || self.authorize(self.agent.post(&url)).send_json(body))
+        self.send(&url, || {
+            self.authorize(self.agent.post(&url)).send_json(body)
+        })
     }
 
     /// `GET` of a full URL; the JSON answer.
@@ -162,9 +166,7 @@ pub fn status_error(url: &str, status: u16, body: &str) -> PluginError {
         401 | 403 => PluginError::config(format!(
             "{message} (check the key in the variable named by `api_key_env`)"
         )),
-        404 => PluginError::config(format!(
-            "{message} (check `base_url` and `model`)"
-        )),
+        404 => PluginError::config(format!("{message} (check `base_url` and `model`)")),
         400..=499 if status != 429 => PluginError::invalid_input(message),
         _ => PluginError::unavailable(message),
     }
@@ -229,7 +231,9 @@ fn backoff(base: Duration, attempt: u32, retry_after: Option<Duration>) -> Durat
     if let Some(wait) = retry_after {
         return wait.min(MAX_BACKOFF);
     }
-    let delay = base.saturating_mul(1u32 << attempt.min(16)).min(MAX_BACKOFF);
+    let delay = base
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(MAX_BACKOFF);
     delay.mul_f64(0.5 + fastrand::f64() / 2.0)
 }
 
@@ -274,15 +278,25 @@ mod tests {
 
     #[test]
     fn statuses_map_to_kinds_with_the_servers_message() {
-        let body = r#"{"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}"#;
+        let body =
+            r#"{"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}"#;
         let err = status_error("http://x/v1/chat/completions", 400, body);
         assert_eq!(err.kind, ErrorKind::InvalidInput);
         assert!(err.message.contains("HTTP 400"), "{err}");
         assert!(err.message.contains("max_tokens is too large"), "{err}");
         assert_eq!(status_error("u", 401, "").kind, ErrorKind::Config);
-        assert_eq!(status_error("u", 404, "{\"detail\": \"nope\"}").kind, ErrorKind::Config);
-        assert_eq!(status_error("u", 429, "").kind, ErrorKind::BackendUnavailable);
-        assert_eq!(status_error("u", 503, "busy").kind, ErrorKind::BackendUnavailable);
+        assert_eq!(
+            status_error("u", 404, "{\"detail\": \"nope\"}").kind,
+            ErrorKind::Config
+        );
+        assert_eq!(
+            status_error("u", 429, "").kind,
+            ErrorKind::BackendUnavailable
+        );
+        assert_eq!(
+            status_error("u", 503, "busy").kind,
+            ErrorKind::BackendUnavailable
+        );
     }
 
     #[test]
@@ -290,10 +304,15 @@ mod tests {
         let base = Duration::from_millis(100);
         for attempt in 0..40 {
             let d = backoff(base, attempt, None);
-            let full = base.saturating_mul(1u32 << attempt.min(16)).min(MAX_BACKOFF);
+            let full = base
+                .saturating_mul(1u32 << attempt.min(16))
+                .min(MAX_BACKOFF);
             assert!(d >= full / 2 && d <= full, "{attempt}: {d:?}");
         }
-        assert_eq!(backoff(base, 0, Some(Duration::from_secs(2))), Duration::from_secs(2));
+        assert_eq!(
+            backoff(base, 0, Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
+        );
         assert_eq!(backoff(base, 0, Some(Duration::from_secs(99))), MAX_BACKOFF);
     }
 }

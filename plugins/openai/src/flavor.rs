@@ -80,12 +80,18 @@ mod tests {
         let models = |owner: &str| json!({"data": [{"id": "m", "owned_by": owner}]});
         assert_eq!(Flavor::from_models(&models("vllm")), Some(Flavor::Vllm));
         assert_eq!(Flavor::from_models(&models("sglang")), Some(Flavor::Sglang));
-        assert_eq!(Flavor::from_models(&models("llamacpp")), Some(Flavor::LlamaCpp));
+        assert_eq!(
+            Flavor::from_models(&models("llamacpp")),
+            Some(Flavor::LlamaCpp)
+        );
         assert_eq!(Flavor::from_models(&models("lmhost")), Some(Flavor::Lmhost));
         assert_eq!(Flavor::from_models(&models("system")), Some(Flavor::OpenAi));
         assert_eq!(Flavor::from_models(&json!({"data": []})), None);
         for name in &CHOICES[1..] {
-            assert_eq!(Flavor::parse(name).map(|f| f.to_string()).as_deref(), Some(*name));
+            assert_eq!(
+                Flavor::parse(name).map(|f| f.to_string()).as_deref(),
+                Some(*name)
+            );
         }
     }
 }

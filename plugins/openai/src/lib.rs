@@ -101,7 +101,8 @@ impl Backend for OpenAi {
     fn new(context: PluginContext) -> Result<Self, PluginError> {
         let options = context.options()?;
         let text = |key: &str| options.get(key).and_then(Value::as_str).map(str::to_string);
-        let int = |key: &str, default: u64| options.get(key).and_then(Value::as_u64).unwrap_or(default);
+        let int =
+            |key: &str, default: u64| options.get(key).and_then(Value::as_u64).unwrap_or(default);
         let base_url = text("base_url")
             .or_else(|| std::env::var("OPENAI_BASE_URL").ok())
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
@@ -147,7 +148,11 @@ impl Backend for OpenAi {
             "{} server at {}, model `{model}`, scoring {}",
             flavor,
             client.base_url(),
-            if template.is_some() && flavor.scores() { "available" } else { "unavailable" }
+            if template.is_some() && flavor.scores() {
+                "available"
+            } else {
+                "unavailable"
+            }
         ));
         Ok(OpenAi {
             client,
@@ -186,7 +191,11 @@ impl Backend for OpenAi {
         let answer = self.client.post("/chat/completions", &body)?;
         let url = format!("{}/chat/completions", self.client.base_url());
         let record = chat::record(&answer, &url)?;
-        self.account(record.prompt_tokens, record.cached_prompt_tokens, record.token_ids.len());
+        self.account(
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            record.token_ids.len(),
+        );
         Ok(record)
     }
 

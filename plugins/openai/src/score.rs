@@ -89,7 +89,11 @@ impl Scorer<'_> {
 
 /// Reads a `/v1/completions` echo answer: the reply is what starts at or after `prompt_len`
 /// among the echoed tokens (the last `completion_tokens` entries were generated, not echoed).
-pub fn echo_record(answer: &Value, prompt_len: usize, url: &str) -> Result<ScoreRecord, PluginError> {
+pub fn echo_record(
+    answer: &Value,
+    prompt_len: usize,
+    url: &str,
+) -> Result<ScoreRecord, PluginError> {
     let logprobs = answer
         .pointer("/choices/0/logprobs")
         .ok_or_else(|| missing(url, "`choices[0].logprobs`", answer))?;
@@ -99,7 +103,11 @@ pub fn echo_record(answer: &Value, prompt_len: usize, url: &str) -> Result<Score
             .and_then(Value::as_array)
             .ok_or_else(|| missing(url, &format!("`logprobs.{key}`"), answer))
     };
-    let (tokens, values, offsets) = (array("tokens")?, array("token_logprobs")?, array("text_offset")?);
+    let (tokens, values, offsets) = (
+        array("tokens")?,
+        array("token_logprobs")?,
+        array("text_offset")?,
+    );
     let usage = |key: &str| answer.pointer(key).and_then(Value::as_u64).unwrap_or(0) as usize;
     let generated = usage("/usage/completion_tokens");
     let echoed = tokens.len().saturating_sub(generated);
@@ -116,17 +124,23 @@ pub fn echo_record(answer: &Value, prompt_len: usize, url: &str) -> Result<Score
             continue;
         }
         let logprob = values.get(i).and_then(Value::as_f64);
-        let logprob = logprob.ok_or_else(|| missing(url, "a logprob for each reply token", answer))?;
+        let logprob =
+            logprob.ok_or_else(|| missing(url, "a logprob for each reply token", answer))?;
         record.token_ids.push(token_id(tokens.get(i)));
         record.logprobs.push(logprob as f32);
     }
-    record.prompt_tokens = (usage("/usage/prompt_tokens") as u32).saturating_sub(record.token_ids.len() as u32);
+    record.prompt_tokens =
+        (usage("/usage/prompt_tokens") as u32).saturating_sub(record.token_ids.len() as u32);
     Ok(record)
 }
 
 /// Reads SGLang's `meta_info.input_token_logprobs`: `[logprob, token_id, text]` per token
 /// from `logprob_start_len` on.
-pub fn sglang_record(answer: &Value, prompt_tokens: u32, url: &str) -> Result<ScoreRecord, PluginError> {
+pub fn sglang_record(
+    answer: &Value,
+    prompt_tokens: u32,
+    url: &str,
+) -> Result<ScoreRecord, PluginError> {
     let entries = answer
         .pointer("/meta_info/input_token_logprobs")
         .and_then(Value::as_array)

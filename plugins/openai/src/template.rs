@@ -94,9 +94,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String, PluginError> {
         let mut env = Environment::new();
-        env.add_function("raise_exception", |message: String| -> Result<(), JinjaError> {
-            Err(JinjaError::new(JinjaErrorKind::InvalidOperation, message))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<(), JinjaError> {
+                Err(JinjaError::new(JinjaErrorKind::InvalidOperation, message))
+            },
+        );
         env.set_unknown_method_callback(python_methods);
         let failed = |e: JinjaError| {
             PluginError::config(format!("chat template from {}: {e:#}", self.origin))
@@ -105,12 +108,10 @@ impl ChatTemplate {
         let messages: Vec<JinjaValue> = messages
             .iter()
             .map(|m| {
-                JinjaValue::from_serialize(
-                    lmhost_plugin_api::serde_json::json!({
-                        "role": m.role.as_str(),
-                        "content": m.text_content(),
-                    }),
-                )
+                JinjaValue::from_serialize(lmhost_plugin_api::serde_json::json!({
+                    "role": m.role.as_str(),
+                    "content": m.text_content(),
+                }))
             })
             .collect();
         template
