@@ -236,3 +236,92 @@ fn servers_without_prompt_logprobs_say_so_by_name() {
         "{text}"
     );
 }
+
+/// The JSON body of a recorded request.
+fn body_json(request: &str) -> serde_json::Value {
+    let body = request.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {request}"))
+}
+
+/// A local chat template for the vLLM and SGLang routes, which publish none.
+fn template_file(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("tokenizer_config.json");
+    let config = serde_json::json!({
+        "chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    });
+    std::fs::write(&path, config.to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn vllm_scores_through_completions_echo_with_token_ids() {
+    // Prompt "<user>hi<assistant>" is 19 bytes: tokens at offsets >= 19 are the reply's; the
+    // last token was generated (completion_tokens = 1) and is not part of it.
+    let answer = serde_json::json!({
+        "choices": [{"text": "", "logprobs": {
+            "tokens": ["token_id:1", "token_id:2", "token_id:30", "token_id:31", "token_id:9"],
+            "token_logprobs": [null, -0.1, -0.25, -0.5, -2.0],
+            "text_offset": [0, 6, 19, 22, 25]}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5,
+                  "prompt_tokens_details": {"cached_tokens": 2}}
+    });
+    let script = ScriptServer::start(vec![(200, answer.to_string())]);
+    let dir = tempfile::tempdir().unwrap();
+    let backend = open(&openai_config(
+        &script.base_url(),
+        &format!(
+            "flavor = \"vllm\"\nchat_template = \"{}\"",
+            template_file(&dir)
+        ),
+    ));
+    assert!(backend.capabilities().scores_continuations);
+    let record = backend
+        .score(&ConversationSnapshot::from_prompt("hi"), "yes no")
+        .unwrap();
+    assert_eq!(record.token_ids.as_slice(), &[30, 31]);
+    assert_eq!(record.logprobs.as_slice(), &[-0.25, -0.5]);
+    assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (2, 2));
+    let request = script.requests.lock().unwrap()[0].clone();
+    assert!(request.starts_with("POST /v1/completions"), "{request}");
+    let body = body_json(&request);
+    assert_eq!(body["prompt"], "<user>hi<assistant>yes no");
+    assert_eq!(body["echo"], true);
+    assert_eq!(body["return_tokens_as_token_ids"], true);
+}
+
+#[test]
+fn sglang_scores_through_native_generate_from_the_prompt_length() {
+    let script = ScriptServer::start(vec![
+        (
+            200,
+            r#"{"text": "", "meta_info": {"prompt_tokens": 5}}"#.into(),
+        ),
+        (
+            200,
+            r#"{"text": "", "meta_info": {"prompt_tokens": 7, "cached_tokens": 5,
+                "input_token_logprobs": [[-0.5, 11, null], [-1.5, 12, null]]}}"#
+                .into(),
+        ),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let backend = open(&openai_config(
+        &script.base_url(),
+        &format!(
+            "flavor = \"sglang\"\nchat_template = \"{}\"",
+            template_file(&dir)
+        ),
+    ));
+    let record = backend
+        .score(&ConversationSnapshot::from_prompt("hi"), "yes no")
+        .unwrap();
+    assert_eq!(record.token_ids.as_slice(), &[11, 12]);
+    assert_eq!(record.logprobs.as_slice(), &[-0.5, -1.5]);
+    assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (5, 5));
+    let requests = script.requests.lock().unwrap();
+    assert!(requests[0].starts_with("POST /generate"), "{}", requests[0]);
+    assert_eq!(body_json(&requests[0])["text"], "<user>hi<assistant>");
+    let body = body_json(&requests[1]);
+    assert_eq!(body["logprob_start_len"], 5);
+    assert_eq!(body["text"], "<user>hi<assistant>yes no");
+    assert_eq!(body["return_logprob"], true);
+}

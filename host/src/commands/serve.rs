@@ -79,6 +79,7 @@ pub fn run(args: &Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| Error::Invalid(format!("cannot listen on {addr}: {e}")))?;
+        let addr = listener.local_addr().unwrap_or(addr);
         eprintln!(
             "lmhost serve: `{}` (backend `{}`) on http://{addr}/v1",
             options.model_name,
