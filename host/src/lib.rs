@@ -21,6 +21,7 @@ pub mod logging;
 pub mod plugins;
 pub mod report;
 pub mod run_store;
+pub mod serve;
 
 use std::path::PathBuf;
 

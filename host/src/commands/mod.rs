@@ -3,6 +3,7 @@
 mod explain;
 mod generate;
 mod plugins;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -36,6 +37,8 @@ enum Command {
     Generate(generate::Args),
     /// Attribute the model's answer to the parts of a conversation (Shapley values).
     Explain(Box<explain::Args>),
+    /// Serve the backend over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 pub fn run(cli: &Cli) -> Result<()> {
@@ -43,6 +46,7 @@ pub fn run(cli: &Cli) -> Result<()> {
         Command::Plugins(args) => plugins::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Explain(args) => explain::run(args, cli.quiet),
+        Command::Serve(args) => serve::run(args),
     }
 }
 

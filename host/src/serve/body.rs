@@ -1,0 +1,93 @@
+//! The JSON body extractor: errors come back as OpenAI `400`s whose `param` is the path of the
+//! field at fault (`messages[0].role`), which axum's own `Json` does not give.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::body(e.status(), e.body_text()))?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses a request body; the error names the field and what was wrong with it.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return ApiError::invalid("body", format!("the body is not valid JSON: {inner}"));
+        }
+        let message = strip_position(&inner.to_string());
+        let param = match named_field(&message) {
+            // serde_path_to_error's path includes an unknown field but not a missing one.
+            Some(field) if path == "." => field.to_string(),
+            Some(field) if path == field || path.ends_with(&format!(".{field}")) => path,
+            Some(field) => format!("{path}.{field}"),
+            None => path,
+        };
+        ApiError::invalid(param.clone(), format!("`{param}`: {message}"))
+    })?;
+    de.end()
+        .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// The field an "unknown field `x`" or "missing field `x`" message is about.
+fn named_field(message: &str) -> Option<&str> {
+    let rest = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("missing field `"))?;
+    rest.split('`').next()
+}
+
+/// serde_json appends " at line L column C"; the path already locates the error.
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::wire::ChatRequest;
+
+    fn param(body: &str) -> String {
+        parse::<ChatRequest>(body.as_bytes())
+            .unwrap_err()
+            .param
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(param(r#"{"model": "m"}"#), "messages");
+        assert_eq!(
+            param(r#"{"model": "m", "messages": [], "tempo": 1}"#),
+            "tempo"
+        );
+        assert_eq!(
+            param(r#"{"model": "m", "messages": [{"role": "robot", "content": "x"}]}"#),
+            "messages[0].role"
+        );
+        assert_eq!(
+            param(r#"{"model": "m", "messages": [], "temperature": "hot"}"#),
+            "temperature"
+        );
+        assert_eq!(param(r#"{"model": "m", "#), "body");
+        assert_eq!(param(r#"{"model": "m", "messages": []} x"#), "body");
+    }
+}

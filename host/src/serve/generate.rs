@@ -1,0 +1,403 @@
+//! `/v1/chat/completions` and `/v1/completions`: requests become a snapshot and a validated
+//! `GenerationConfig` (errors name the OpenAI field), the backend runs through the queue, and
+//! the record becomes the OpenAI response.
+
+use std::sync::Arc;
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lmhost_plugin_api::abi_stable::std_types::RString;
+use lmhost_plugin_api::{FinishReason, GenerationConfig, GenerationRecord, Message, Part, Role};
+
+use super::body::JsonBody;
+use super::chat_format;
+use super::error::ApiError;
+use super::queue::QueueError;
+use super::routes::{check_model, next_id, now, Shared};
+use super::stream::ChatStream;
+use super::wire::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatRequest, ChoiceLogprobs, Completion,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, Content, ContentPart, Prompt, Stop,
+    TokenLogprob, Usage, WireRole,
+};
+use super::AppState;
+use crate::conversation::group_turns;
+use crate::ConversationSnapshot;
+
+pub(super) async fn chat(
+    state: Shared,
+    JsonBody(request): JsonBody<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let state = state.0;
+    check_model(&state, &request.model)?;
+    only_one(request.n)?;
+    if let Some(k) = request.top_logprobs.filter(|&k| k > 0) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            format!("backends return only the chosen token's logprob; `top_logprobs` must be 0. Given: {k}"),
+        ));
+    }
+    for (field, value) in [
+        ("presence_penalty", request.presence_penalty),
+        ("frequency_penalty", request.frequency_penalty),
+    ] {
+        if let Some(v) = value.filter(|&v| v != 0.0) {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` is not supported; it must be 0. Given: {v}"),
+            ));
+        }
+    }
+    let messages = request
+        .messages
+        .into_iter()
+        .map(|m| Message {
+            role: match m.role {
+                WireRole::System | WireRole::Developer => Role::System,
+                WireRole::User => Role::User,
+                WireRole::Assistant => Role::Assistant,
+            },
+            parts: match m.content {
+                Content::Text(text) => vec![Part::text(text)].into(),
+                Content::Parts(parts) => parts
+                    .into_iter()
+                    .map(|ContentPart::Text { text }| Part::text(text))
+                    .collect(),
+            },
+        })
+        .collect::<Vec<_>>();
+    let snapshot = snapshot("messages", messages)?;
+    let max_tokens = match (request.max_completion_tokens, request.max_tokens) {
+        (Some(n), _) => Some(("max_completion_tokens", n)),
+        (None, Some(n)) => Some(("max_tokens", n)),
+        (None, None) => None,
+    };
+    let config = Sampling {
+        max_tokens,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        top_k: request.top_k,
+        seed: request.seed,
+        stop: request.stop,
+    }
+    .apply(&state.defaults)?;
+    let stop = config.stop.first().map(|s| s.to_string());
+    let record = generate(&state, snapshot, config).await?;
+    let usage = usage(&record);
+    let logprobs = request.logprobs.unwrap_or(false).then(|| ChoiceLogprobs {
+        content: record
+            .token_ids
+            .iter()
+            .zip(record.logprobs.iter())
+            .map(|(&id, &lp)| TokenLogprob::new(id, lp))
+            .collect(),
+    });
+    let (id, created, model) = (next_id(&state, "chatcmpl"), now(), state.model.clone());
+    if request.stream.unwrap_or(false) {
+        let include_usage = request
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        let stream = ChatStream {
+            id,
+            created,
+            model,
+            text: record.text.into_string(),
+            logprobs,
+            finish_reason: finish_reason(record.finish_reason),
+            usage: include_usage.then_some(usage),
+        };
+        return Ok(stream.into_response());
+    }
+    // vLLM's convention: a string `stop_reason` says a stop string ended generation.
+    let stop_reason = stop.filter(|_| record.finish_reason == FinishReason::StopString);
+    Ok(Json(ChatCompletion {
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        choices: vec![ChatChoice {
+            index: 0,
+            message: AssistantMessage {
+                role: "assistant",
+                content: record.text.into_string(),
+            },
+            logprobs,
+            finish_reason: finish_reason(record.finish_reason),
+            stop_reason,
+        }],
+        usage,
+    })
+    .into_response())
+}
+
+/// Text completions. A prompt in lmhost's chat format (see [`chat_format`]) is read back into
+/// a conversation; other text is one user message. With `echo`, the prompt's final assistant
+/// message is scored (teacher-forced) instead of generating: the response echoes the prompt,
+/// with one logprob per reply token and `null` for the text before it.
+pub(super) async fn completions(
+    state: Shared,
+    JsonBody(request): JsonBody<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let state = state.0;
+    check_model(&state, &request.model)?;
+    only_one(request.n)?;
+    if request.stream.unwrap_or(false) {
+        return Err(ApiError::invalid(
+            "stream",
+            "streaming is offered on /v1/chat/completions only",
+        ));
+    }
+    if let Some(k) = request.logprobs.filter(|&k| k > 1) {
+        return Err(ApiError::invalid(
+            "logprobs",
+            format!("backends return only the chosen token's logprob; `logprobs` must be 0 or 1. Given: {k}"),
+        ));
+    }
+    let prompt = match request.prompt {
+        Prompt::One(text) => text,
+        Prompt::Many(mut texts) if texts.len() == 1 => texts.remove(0),
+        Prompt::Many(texts) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("one prompt per request. Given: {}", texts.len()),
+            ))
+        }
+    };
+    let parsed = chat_format::parse(&prompt);
+    if request.echo.unwrap_or(false) {
+        return score(&state, &prompt, parsed, request.logprobs.is_some()).await;
+    }
+    if parsed.reply.as_deref().is_some_and(|r| !r.is_empty()) {
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt ends inside an assistant message; continuing one is not supported \
+             (end the prompt with `<|assistant|>\\n`, or use echo to score it)",
+        ));
+    }
+    let snapshot = snapshot("prompt", parsed.messages)?;
+    let config = Sampling {
+        max_tokens: request.max_tokens.map(|n| ("max_tokens", n)),
+        temperature: request.temperature,
+        top_p: request.top_p,
+        top_k: request.top_k,
+        seed: request.seed,
+        stop: request.stop,
+    }
+    .apply(&state.defaults)?;
+    let record = generate(&state, snapshot, config).await?;
+    let logprobs = request.logprobs.map(|_| CompletionLogprobs {
+        tokens: record
+            .token_ids
+            .iter()
+            .map(|id| format!("token_id:{id}"))
+            .collect(),
+        token_logprobs: record.logprobs.iter().map(|&l| Some(l)).collect(),
+        top_logprobs: None,
+        text_offset: vec![prompt.len(); record.token_ids.len()],
+    });
+    Ok(Json(Completion {
+        id: next_id(&state, "cmpl"),
+        object: "text_completion",
+        created: now(),
+        model: state.model.clone(),
+        choices: vec![CompletionChoice {
+            index: 0,
+            text: record.text.to_string(),
+            logprobs,
+            finish_reason: finish_reason(record.finish_reason),
+        }],
+        usage: usage(&record),
+    })
+    .into_response())
+}
+
+async fn score(
+    state: &Arc<AppState>,
+    prompt: &str,
+    parsed: chat_format::Parsed,
+    with_logprobs: bool,
+) -> Result<Response, ApiError> {
+    let Some(reply) = parsed.reply.filter(|r| !r.is_empty()) else {
+        return Err(ApiError::invalid(
+            "prompt",
+            "with `echo`, the prompt must end with an assistant message to score, written in \
+             the chat_template that /props serves",
+        ));
+    };
+    let snapshot = snapshot("prompt", parsed.messages)?;
+    let backend = state.backend.clone();
+    let record = state
+        .queue
+        .run(move || backend.score(&snapshot, &reply))
+        .await
+        .map_err(|e| queue_error(state, e))??;
+    let replied = record.token_ids.len() as u32;
+    state.metrics.record_tokens(
+        record.prompt_tokens + replied,
+        0,
+        record.cached_prompt_tokens,
+    );
+    let logprobs = with_logprobs.then(|| {
+        let mut lp = CompletionLogprobs {
+            tokens: vec![prompt[..parsed.reply_offset].to_string()],
+            token_logprobs: vec![None],
+            top_logprobs: None,
+            text_offset: vec![0],
+        };
+        for (&id, &l) in record.token_ids.iter().zip(record.logprobs.iter()) {
+            lp.tokens.push(format!("token_id:{id}"));
+            lp.token_logprobs.push(Some(l));
+            lp.text_offset.push(parsed.reply_offset);
+        }
+        lp
+    });
+    Ok(Json(Completion {
+        id: next_id(state, "cmpl"),
+        object: "text_completion",
+        created: now(),
+        model: state.model.clone(),
+        choices: vec![CompletionChoice {
+            index: 0,
+            text: prompt.to_string(),
+            logprobs,
+            finish_reason: "length",
+        }],
+        usage: Usage::new(
+            record.prompt_tokens + replied,
+            0,
+            record.cached_prompt_tokens,
+        ),
+    })
+    .into_response())
+}
+
+async fn generate(
+    state: &Arc<AppState>,
+    snapshot: ConversationSnapshot,
+    config: GenerationConfig,
+) -> Result<GenerationRecord, ApiError> {
+    let backend = state.backend.clone();
+    let record = state
+        .queue
+        .run(move || backend.generate(&snapshot, &config))
+        .await
+        .map_err(|e| queue_error(state, e))??;
+    state.metrics.record_tokens(
+        record.prompt_tokens,
+        record.token_ids.len() as u32,
+        record.cached_prompt_tokens,
+    );
+    Ok(record)
+}
+
+pub(super) fn queue_error(state: &AppState, error: QueueError) -> ApiError {
+    match error {
+        QueueError::Full => {
+            state.metrics.record_rejected();
+            ApiError::overloaded(1)
+        }
+        QueueError::Timeout => ApiError::timeout(state.queue.timeout().as_secs_f64()),
+        QueueError::Panicked => ApiError::internal("the backend call failed unexpectedly"),
+    }
+}
+
+fn only_one(n: Option<u32>) -> Result<(), ApiError> {
+    match n {
+        Some(n) if n != 1 => Err(ApiError::invalid(
+            "n",
+            format!("only one choice per request; `n` must be 1. Given: {n}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn snapshot(field: &str, messages: Vec<Message>) -> Result<ConversationSnapshot, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            field,
+            format!("`{field}` holds no message; at least one is needed"),
+        ));
+    }
+    ConversationSnapshot::new(group_turns(messages))
+        .map_err(|e| ApiError::invalid(field, e.message.into_string()))
+}
+
+/// The sampling fields of a request, before validation.
+struct Sampling {
+    max_tokens: Option<(&'static str, u32)>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    seed: Option<u64>,
+    stop: Option<Stop>,
+}
+
+impl Sampling {
+    /// `defaults` with the request's settings applied; errors name the request's field.
+    fn apply(self, defaults: &GenerationConfig) -> Result<GenerationConfig, ApiError> {
+        let mut config = defaults.clone();
+        if let Some((field, n)) = self.max_tokens {
+            if n == 0 {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` must be >= 1. Given: 0"),
+                ));
+            }
+            config.max_new_tokens = n;
+        }
+        if let Some(t) = self.temperature {
+            if !(t.is_finite() && (0.0..=2.0).contains(&t)) {
+                return Err(ApiError::invalid(
+                    "temperature",
+                    format!("`temperature` must be >= 0 and <= 2. Given: {t}"),
+                ));
+            }
+            config.temperature = t;
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::invalid(
+                    "top_p",
+                    format!("`top_p` must be > 0 and <= 1. Given: {p}"),
+                ));
+            }
+            config.top_p = p;
+        }
+        if let Some(k) = self.top_k {
+            config.top_k = k;
+        }
+        if let Some(seed) = self.seed {
+            config.seed = seed;
+        }
+        if let Some(stop) = self.stop {
+            let stop = stop.into_vec();
+            if let Some(i) = stop.iter().position(String::is_empty) {
+                return Err(ApiError::invalid(
+                    format!("stop[{i}]"),
+                    format!("`stop[{i}]` is empty; stop strings need at least one character"),
+                ));
+            }
+            config.stop = stop.into_iter().map(RString::from).collect();
+        }
+        config
+            .validate()
+            .map_err(|e| ApiError::invalid("body", e.message.into_string()))?;
+        Ok(config)
+    }
+}
+
+fn usage(record: &GenerationRecord) -> Usage {
+    Usage::new(
+        record.prompt_tokens,
+        record.token_ids.len() as u32,
+        record.cached_prompt_tokens,
+    )
+}
+
+fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Eos | FinishReason::StopString => "stop",
+        FinishReason::Length => "length",
+    }
+}

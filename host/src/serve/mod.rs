@@ -1,0 +1,130 @@
+//! `lmhost serve`: an OpenAI-compatible HTTP server over any configured backend.
+//!
+//! The plugin API is blocking and returns whole records, so the server is a thin async shell:
+//! handlers validate and translate requests ([`wire`], [`body`]), hand the backend call to the
+//! bounded fair [`queue`] (which runs it on tokio's blocking threads), and translate the record
+//! back. Streaming responses are produced from the completed record ([`stream`]): a client sees
+//! the usual SSE chunks, but the first arrives when the whole reply is ready.
+//!
+//! Architecture invariant: no tokio type crosses the plugin boundary; backends only ever see
+//! blocking calls from blocking threads.
+
+pub mod body;
+pub mod chat_format;
+pub mod error;
+mod generate;
+pub mod metrics;
+pub mod queue;
+mod routes;
+mod stream;
+pub mod wire;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use lmhost_plugin_api::GenerationConfig;
+
+use crate::Backend;
+
+/// How the server runs; the defaults suit one local user.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The name clients must send as `model`.
+    pub model_name: String,
+    /// Backend calls that may run at once.
+    pub workers: usize,
+    /// Requests that may wait for a worker before new ones get `503`.
+    pub queue_depth: usize,
+    /// Longest a request may wait and run.
+    pub request_timeout: Duration,
+    /// Largest request body, in bytes.
+    pub body_limit: usize,
+    /// When set, every route but `/health` needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+}
+
+impl ServeOptions {
+    pub fn new(model_name: impl Into<String>) -> Self {
+        ServeOptions {
+            model_name: model_name.into(),
+            workers: 4,
+            queue_depth: 64,
+            request_timeout: Duration::from_secs(300),
+            body_limit: 4 << 20,
+            api_key: None,
+        }
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct AppState {
+    backend: Arc<Backend>,
+    defaults: GenerationConfig,
+    model: String,
+    queue: queue::Queue,
+    metrics: metrics::Metrics,
+    api_key: Option<String>,
+    next_id: AtomicU64,
+}
+
+/// The application: routes, auth, body limit and metrics, over `backend`.
+/// `defaults` are the config's `[generation]` settings that requests override.
+pub fn router(backend: Arc<Backend>, defaults: GenerationConfig, options: ServeOptions) -> Router {
+    let state = Arc::new(AppState {
+        backend,
+        defaults,
+        model: options.model_name,
+        queue: queue::Queue::new(
+            options.workers,
+            options.queue_depth,
+            options.request_timeout,
+        ),
+        metrics: metrics::Metrics::default(),
+        api_key: options.api_key,
+        next_id: AtomicU64::new(0),
+    });
+    routes::build(state, options.body_limit)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then finishes in-flight requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

@@ -1,0 +1,218 @@
+//! The router: routes, the auth and metrics layers, and the small endpoints. The generation
+//! endpoints live in [`super::generate`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use lmhost_plugin_api::GenerationConfig;
+use serde_json::json;
+
+use super::body::JsonBody;
+use super::chat_format::CHAT_TEMPLATE;
+use super::error::ApiError;
+use super::generate::{chat, completions, queue_error};
+use super::wire::{Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Model, ModelList};
+use super::AppState;
+use crate::ConversationSnapshot;
+
+pub(super) type Shared = State<Arc<AppState>>;
+
+pub(super) fn build(state: Arc<AppState>, body_limit: usize) -> Router {
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/props", get(props))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .route_layer(middleware::from_fn_with_state(state.clone(), track))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Records each routed request's status and latency.
+async fn track(State(state): Shared, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let start = Instant::now();
+    let response = next.run(request).await;
+    state
+        .metrics
+        .record_request(&route, response.status().as_u16(), start.elapsed());
+    response
+}
+
+/// Checks `Authorization: Bearer <key>` when the server has a key.
+async fn authorize(State(state): Shared, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::body(
+        axum::http::StatusCode::NOT_FOUND,
+        format!(
+            "no route {} {}; see /v1/models, /v1/chat/completions, /v1/completions",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn models(State(state): Shared) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![Model {
+            id: state.model.clone(),
+            object: "model",
+            created: now(),
+            owned_by: "lmhost",
+        }],
+    })
+}
+
+/// Server properties in llama.cpp's shape: clients read `chat_template` to write prompts for
+/// `/v1/completions` (see [`super::chat_format`]).
+async fn props(State(state): Shared) -> Json<serde_json::Value> {
+    Json(json!({
+        "model": state.model,
+        "chat_template": CHAT_TEMPLATE,
+        "bos_token": "",
+        "eos_token": "",
+        "server": "lmhost",
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+async fn metrics(State(state): Shared) -> Response {
+    let backend = state.backend.clone();
+    let stats = tokio::task::spawn_blocking(move || backend.stats())
+        .await
+        .unwrap_or_default();
+    let text = state.metrics.render(&stats, state.queue.in_flight());
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}
+
+/// Embeds each input as the contextual embedding of a one-token greedy reply: with one
+/// generated token, that is the last hidden state after the whole input (last-token pooling).
+async fn embeddings(
+    State(state): Shared,
+    JsonBody(request): JsonBody<EmbeddingRequest>,
+) -> Result<Json<EmbeddingList>, ApiError> {
+    check_model(&state, &request.model)?;
+    if !state.backend.capabilities().embeddings {
+        return Err(ApiError::invalid(
+            "model",
+            format!(
+                "backend `{}` has no embeddings; /v1/embeddings needs a backend that computes them",
+                state.backend.plugin()
+            ),
+        ));
+    }
+    let inputs = match request.input {
+        super::wire::Prompt::One(text) => vec![text],
+        super::wire::Prompt::Many(texts) => texts,
+    };
+    if inputs.is_empty() {
+        return Err(ApiError::invalid("input", "`input` is empty"));
+    }
+    let config = GenerationConfig {
+        max_new_tokens: 1,
+        temperature: 0.0,
+        compute_embeddings: true,
+        ..state.defaults.clone()
+    };
+    let backend = state.backend.clone();
+    let records = state
+        .queue
+        .run(move || {
+            inputs
+                .iter()
+                .map(|text| backend.generate(&ConversationSnapshot::from_prompt(text), &config))
+                .collect::<crate::Result<Vec<_>>>()
+        })
+        .await
+        .map_err(|e| queue_error(&state, e))??;
+    let mut data = Vec::new();
+    let mut prompt_tokens = 0;
+    for (index, record) in records.into_iter().enumerate() {
+        prompt_tokens += record.prompt_tokens;
+        let embedding = record
+            .contextual_embedding
+            .into_option()
+            .or(record.embedding.into_option())
+            .ok_or_else(|| ApiError::internal("the backend returned no embedding"))?;
+        data.push(Embedding {
+            object: "embedding",
+            index,
+            embedding: embedding.into_vec(),
+        });
+    }
+    Ok(Json(EmbeddingList {
+        object: "list",
+        data,
+        model: state.model.clone(),
+        usage: EmbeddingUsage {
+            prompt_tokens,
+            total_tokens: prompt_tokens,
+        },
+    }))
+}
+
+pub(super) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if model == state.model {
+        Ok(())
+    } else {
+        Err(ApiError::model_not_found(model, &state.model))
+    }
+}
+
+pub(super) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub(super) fn next_id(state: &AppState, prefix: &str) -> String {
+    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{:x}{n:06x}", now())
+}

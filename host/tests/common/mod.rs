@@ -1,0 +1,236 @@
+//! Test helpers: `lmhost serve` over mock on a free loopback port, an HTTP client, and a
+//! scripted HTTP server for failure cases a real server will not produce on demand.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use lmhost::serve::{self, ServeOptions};
+use lmhost::{Backend, Config, Host};
+use serde_json::Value;
+
+pub const MODEL: &str = "mock-model";
+
+/// A host with mock linked in. Other plugins load from their libraries, found next to the test
+/// executable (`target/*/deps`): the `openai` plugin is a dev-dependency so that cargo builds
+/// its cdylib there. Linking two plugin rlibs into one binary would clash on the exported
+/// symbols, so tests never reference `lmhost_openai` itself.
+pub fn host() -> Host {
+    let mut host = Host::new();
+    host.register(lmhost_mock::plugin_module());
+    host
+}
+
+pub fn open(config: &str) -> Backend {
+    let config = Config::parse(config, Path::new("test.toml")).expect("test config parses");
+    host().open(&config).expect("backend opens")
+}
+
+pub fn mock_config(latency_ms: u64) -> String {
+    format!(
+        "[backend]\nkind = \"mock\"\nmodel_id = \"{MODEL}\"\n\
+         [backend.options]\nreply_words = 6\nlatency_ms = {latency_ms}\n"
+    )
+}
+
+/// `lmhost serve` in a thread of its own, over mock; stopped (gracefully) on drop.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub fn mock(latency_ms: u64, configure: impl FnOnce(&mut ServeOptions)) -> TestServer {
+        let config = Config::parse(&mock_config(latency_ms), Path::new("test.toml")).unwrap();
+        let backend = Arc::new(host().open(&config).unwrap());
+        let mut options = ServeOptions::new(MODEL);
+        configure(&mut options);
+        let app = serve::router(backend, config.generation.clone(), options);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let shutdown = async {
+                    let _ = stopped.await;
+                };
+                serve::serve(listener, app, shutdown).await.unwrap();
+            });
+        });
+        TestServer {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Starts a graceful shutdown and waits until the server has finished.
+    pub fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// An HTTP answer: status, headers we look at, body.
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub content_type: String,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
+    let mut response = response.expect("the server answers");
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let retry_after = header("retry-after");
+    let content_type = header("content-type").unwrap_or_default();
+    let status = response.status().as_u16();
+    let body = response.body_mut().read_to_string().unwrap();
+    Answer {
+        status,
+        retry_after,
+        content_type,
+        body,
+    }
+}
+
+pub fn post(url: &str, body: &str) -> Answer {
+    post_with(url, body, None)
+}
+
+pub fn post_with(url: &str, body: &str, bearer: Option<&str>) -> Answer {
+    let mut request = agent().post(url).header("Content-Type", "application/json");
+    if let Some(key) = bearer {
+        request = request.header("Authorization", format!("Bearer {key}"));
+    }
+    answer(request.send(body))
+}
+
+pub fn get(url: &str) -> Answer {
+    answer(agent().get(url).call())
+}
+
+/// A server that answers each request with the next scripted `(status, body)` (the last one
+/// repeats), or never answers when the status is 0; it records each request's head and body.
+pub struct ScriptServer {
+    pub addr: SocketAddr,
+    pub requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl ScriptServer {
+    pub fn start(script: Vec<(u16, String)>) -> ScriptServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for (i, stream) in listener.incoming().enumerate() {
+                let Ok(stream) = stream else { return };
+                let (status, body) = script[i.min(script.len() - 1)].clone();
+                let seen = seen.clone();
+                std::thread::spawn(move || respond(stream, status, &body, &seen));
+            }
+        });
+        ScriptServer { addr, requests }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn count(&self) -> usize {
+        self.requests.lock().unwrap().len()
+    }
+}
+
+fn respond(stream: TcpStream, status: u16, body: &str, seen: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(stream);
+    let mut head = String::new();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut payload = vec![0; length];
+    let _ = reader.read_exact(&mut payload);
+    head.push_str(&String::from_utf8_lossy(&payload));
+    seen.lock().unwrap().push(head);
+    if status == 0 {
+        // Hold the connection open without answering until the client gives up.
+        let _ = reader.read_to_end(&mut Vec::new());
+        return;
+    }
+    let mut stream = reader.into_inner();
+    let reply = format!(
+        "HTTP/1.1 {status} Scripted\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(reply.as_bytes());
+}
+
+/// A minimal chat completion answer.
+pub fn chat_answer(text: &str) -> String {
+    serde_json::json!({
+        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": null, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    })
+    .to_string()
+}

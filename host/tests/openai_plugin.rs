@@ -1,0 +1,327 @@
+//! The `openai` plugin over real HTTP on loopback: against `lmhost serve` running mock (so its
+//! answers can be compared with mock's own), and against a scripted server for retries,
+//! timeouts and client errors.
+
+mod common;
+
+use common::{chat_answer, open, ScriptServer, TestServer, MODEL};
+use lmhost::{ConversationSnapshot, Error, GenerationConfig};
+use lmhost_plugin_api::{ErrorKind, Message, Role};
+
+fn openai_config(base_url: &str, options: &str) -> String {
+    format!(
+        "[backend]\nkind = \"openai\"\nmodel_id = \"{MODEL}\"\n\
+         [backend.options]\nbase_url = \"{base_url}\"\nbackoff_ms = 1\n{options}\n\
+         [kv_cache]\nenabled = true\n"
+    )
+}
+
+fn kind(err: &Error) -> Option<ErrorKind> {
+    err.plugin_kind()
+}
+
+fn conversation() -> ConversationSnapshot {
+    ConversationSnapshot::new(lmhost::conversation::group_turns([
+        Message::text(Role::System, "Answer with colours."),
+        Message::text(Role::User, "red green blue red green"),
+    ]))
+    .unwrap()
+}
+
+#[test]
+fn generate_and_score_through_lmhost_serve_match_the_backend() {
+    let server = TestServer::mock(0, |_| {});
+    let remote = open(&openai_config(&server.url("/v1"), ""));
+    assert!(
+        remote.capabilities().scores_continuations,
+        "flavor lmhost detected, template fetched"
+    );
+    let local = open(&common::mock_config(0));
+    let config = GenerationConfig {
+        max_new_tokens: 5,
+        ..Default::default()
+    };
+    let snapshot = conversation();
+    let want = local.generate(&snapshot, &config).unwrap();
+    let got = remote.generate(&snapshot, &config).unwrap();
+    assert_eq!(got.text, want.text);
+    assert_eq!(got.token_ids, want.token_ids);
+    assert_eq!(got.logprobs, want.logprobs);
+    assert_eq!(got.finish_reason, want.finish_reason);
+    assert_eq!(got.prompt_tokens, want.prompt_tokens);
+
+    // Teacher-forced logprobs of the generated reply are the ones generation reported.
+    let scored = remote.score(&snapshot, &got.text).unwrap();
+    assert_eq!(scored.token_ids, got.token_ids);
+    assert_eq!(scored.logprobs, got.logprobs);
+    assert_eq!(scored, local.score(&snapshot, &got.text).unwrap());
+}
+
+#[test]
+fn the_servers_prefix_cache_shows_as_cached_prompt_tokens() {
+    let server = TestServer::mock(0, |_| {});
+    let remote = open(&openai_config(&server.url("/v1"), ""));
+    let snapshot = conversation();
+    let config = GenerationConfig::default();
+    let first = remote.generate(&snapshot, &config).unwrap();
+    let second = remote.generate(&snapshot, &config).unwrap();
+    assert_eq!(first.cached_prompt_tokens, 0);
+    assert_eq!(second.cached_prompt_tokens, second.prompt_tokens - 1);
+    let stats = remote.stats();
+    assert_eq!(stats.kv_cache_hits, 1);
+    assert_eq!(
+        stats.kv_cache_reused_tokens,
+        u64::from(second.cached_prompt_tokens)
+    );
+}
+
+#[test]
+fn stop_strings_and_sampling_settings_reach_the_server() {
+    let server = TestServer::mock(0, |_| {});
+    let remote = open(&openai_config(&server.url("/v1"), ""));
+    let snapshot = ConversationSnapshot::from_prompt("alpha beta gamma delta");
+    let config = GenerationConfig {
+        temperature: 0.7,
+        seed: 11,
+        top_k: 4,
+        ..Default::default()
+    };
+    let want = open(&common::mock_config(0))
+        .generate(&snapshot, &config)
+        .unwrap();
+    let got = remote.generate(&snapshot, &config).unwrap();
+    assert_eq!(got.text, want.text, "seeded sampling follows the seed");
+    let stop = want.text.split(' ').nth(1).unwrap().to_string();
+    let config = GenerationConfig {
+        stop: vec![stop.into()].into(),
+        ..config
+    };
+    let got = remote.generate(&snapshot, &config).unwrap();
+    assert_eq!(
+        got.finish_reason,
+        lmhost_plugin_api::FinishReason::StopString
+    );
+}
+
+#[test]
+fn retries_503_then_succeeds() {
+    let script = ScriptServer::start(vec![
+        (503, r#"{"error": {"message": "warming up"}}"#.into()),
+        (503, "busy".into()),
+        (200, chat_answer("finally")),
+    ]);
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\nmax_retries = 3",
+    ));
+    let record = backend
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
+        .unwrap();
+    assert_eq!(record.text.as_str(), "finally");
+    assert_eq!(record.prompt_tokens, 3);
+    assert_eq!(script.count(), 3);
+}
+
+#[test]
+fn gives_up_after_max_retries_with_the_status_and_message() {
+    let script = ScriptServer::start(vec![(
+        503,
+        r#"{"error": {"message": "overloaded"}}"#.into(),
+    )]);
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\nmax_retries = 2",
+    ));
+    let err = backend
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
+        .unwrap_err();
+    assert_eq!(kind(&err), Some(ErrorKind::BackendUnavailable));
+    let text = err.to_string();
+    assert!(
+        text.contains("503") && text.contains("overloaded"),
+        "{text}"
+    );
+    assert_eq!(script.count(), 3, "one try and two retries");
+}
+
+#[test]
+fn client_errors_are_not_retried_and_keep_the_servers_words() {
+    let script = ScriptServer::start(vec![(
+        400,
+        r#"{"error": {"message": "max_tokens is too large: 99999"}}"#.into(),
+    )]);
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\nmax_retries = 5",
+    ));
+    let err = backend
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
+        .unwrap_err();
+    assert_eq!(kind(&err), Some(ErrorKind::InvalidInput));
+    let text = err.to_string();
+    assert!(
+        text.contains("HTTP 400") && text.contains("max_tokens is too large"),
+        "{text}"
+    );
+    assert_eq!(script.count(), 1);
+}
+
+#[test]
+fn a_silent_server_times_out() {
+    let script = ScriptServer::start(vec![(0, String::new())]);
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\ntimeout_s = 1\nmax_retries = 3",
+    ));
+    let err = backend
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
+        .unwrap_err();
+    assert_eq!(kind(&err), Some(ErrorKind::BackendUnavailable));
+    assert!(
+        err.to_string().contains("did not answer within 1 s"),
+        "{err}"
+    );
+    assert_eq!(script.count(), 1, "a timeout is not retried");
+}
+
+#[test]
+fn the_api_key_is_sent_but_never_shown() {
+    let script = ScriptServer::start(vec![(401, r#"{"error": {"message": "bad key"}}"#.into())]);
+    std::env::set_var("LMHOST_TEST_OPENAI_KEY", "sk-very-secret");
+    let backend = open(&openai_config(
+        &script.base_url(),
+        "flavor = \"openai\"\napi_key_env = \"LMHOST_TEST_OPENAI_KEY\"",
+    ));
+    let err = backend
+        .generate(
+            &ConversationSnapshot::from_prompt("hi"),
+            &GenerationConfig::default(),
+        )
+        .unwrap_err();
+    assert_eq!(kind(&err), Some(ErrorKind::Config));
+    assert!(!format!("{err} {err:?}").contains("sk-very-secret"));
+    assert!(err.to_string().contains("api_key_env"), "{err}");
+    let requests = script.requests.lock().unwrap();
+    assert!(
+        requests[0].contains("Bearer sk-very-secret"),
+        "{}",
+        requests[0]
+    );
+}
+
+#[test]
+fn servers_without_prompt_logprobs_say_so_by_name() {
+    let script = ScriptServer::start(vec![(200, chat_answer("x"))]);
+    let backend = open(&openai_config(&script.base_url(), "flavor = \"llamacpp\""));
+    assert!(!backend.capabilities().scores_continuations);
+    let err = backend
+        .score(&ConversationSnapshot::from_prompt("hi"), "there")
+        .unwrap_err();
+    assert_eq!(kind(&err), Some(ErrorKind::Unsupported));
+    let text = err.to_string();
+    assert!(
+        text.contains("llamacpp") && text.contains(&script.base_url()),
+        "{text}"
+    );
+}
+
+/// The JSON body of a recorded request.
+fn body_json(request: &str) -> serde_json::Value {
+    let body = request.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {request}"))
+}
+
+/// A local chat template for the vLLM and SGLang routes, which publish none.
+fn template_file(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("tokenizer_config.json");
+    let config = serde_json::json!({
+        "chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    });
+    std::fs::write(&path, config.to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn vllm_scores_through_completions_echo_with_token_ids() {
+    // Prompt "<user>hi<assistant>" is 19 bytes: tokens at offsets >= 19 are the reply's; the
+    // last token was generated (completion_tokens = 1) and is not part of it.
+    let answer = serde_json::json!({
+        "choices": [{"text": "", "logprobs": {
+            "tokens": ["token_id:1", "token_id:2", "token_id:30", "token_id:31", "token_id:9"],
+            "token_logprobs": [null, -0.1, -0.25, -0.5, -2.0],
+            "text_offset": [0, 6, 19, 22, 25]}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5,
+                  "prompt_tokens_details": {"cached_tokens": 2}}
+    });
+    let script = ScriptServer::start(vec![(200, answer.to_string())]);
+    let dir = tempfile::tempdir().unwrap();
+    let backend = open(&openai_config(
+        &script.base_url(),
+        &format!(
+            "flavor = \"vllm\"\nchat_template = \"{}\"",
+            template_file(&dir)
+        ),
+    ));
+    assert!(backend.capabilities().scores_continuations);
+    let record = backend
+        .score(&ConversationSnapshot::from_prompt("hi"), "yes no")
+        .unwrap();
+    assert_eq!(record.token_ids.as_slice(), &[30, 31]);
+    assert_eq!(record.logprobs.as_slice(), &[-0.25, -0.5]);
+    assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (2, 2));
+    let request = script.requests.lock().unwrap()[0].clone();
+    assert!(request.starts_with("POST /v1/completions"), "{request}");
+    let body = body_json(&request);
+    assert_eq!(body["prompt"], "<user>hi<assistant>yes no");
+    assert_eq!(body["echo"], true);
+    assert_eq!(body["return_tokens_as_token_ids"], true);
+}
+
+#[test]
+fn sglang_scores_through_native_generate_from_the_prompt_length() {
+    let script = ScriptServer::start(vec![
+        (
+            200,
+            r#"{"text": "", "meta_info": {"prompt_tokens": 5}}"#.into(),
+        ),
+        (
+            200,
+            r#"{"text": "", "meta_info": {"prompt_tokens": 7, "cached_tokens": 5,
+                "input_token_logprobs": [[-0.5, 11, null], [-1.5, 12, null]]}}"#
+                .into(),
+        ),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let backend = open(&openai_config(
+        &script.base_url(),
+        &format!(
+            "flavor = \"sglang\"\nchat_template = \"{}\"",
+            template_file(&dir)
+        ),
+    ));
+    let record = backend
+        .score(&ConversationSnapshot::from_prompt("hi"), "yes no")
+        .unwrap();
+    assert_eq!(record.token_ids.as_slice(), &[11, 12]);
+    assert_eq!(record.logprobs.as_slice(), &[-0.5, -1.5]);
+    assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (5, 5));
+    let requests = script.requests.lock().unwrap();
+    assert!(requests[0].starts_with("POST /generate"), "{}", requests[0]);
+    assert_eq!(body_json(&requests[0])["text"], "<user>hi<assistant>");
+    let body = body_json(&requests[1]);
+    assert_eq!(body["logprob_start_len"], 5);
+    assert_eq!(body["text"], "<user>hi<assistant>yes no");
+    assert_eq!(body["return_logprob"], true);
+}

@@ -1,0 +1,530 @@
+//! `lmhost serve` over mock, through real HTTP on loopback: every endpoint, errors, auth,
+//! queueing, timeouts and graceful shutdown.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{get, post, post_with, TestServer, MODEL};
+use lmhost::ConversationSnapshot;
+use serde_json::{json, Value};
+
+fn chat_body(prompt: &str, extra: Value) -> String {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 8,
+    });
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    body.to_string()
+}
+
+#[test]
+fn chat_completion_matches_the_backend_with_logprobs_and_usage() {
+    let server = TestServer::mock(0, |_| {});
+    let answer = post(
+        &server.url("/v1/chat/completions"),
+        &chat_body("the cat sat on the mat", json!({"logprobs": true})),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let json = answer.json();
+    let expected = common::open(&common::mock_config(0))
+        .generate(
+            &ConversationSnapshot::from_prompt("the cat sat on the mat"),
+            &lmhost::GenerationConfig {
+                max_new_tokens: 8,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        json["choices"][0]["message"]["content"],
+        expected.text.as_str()
+    );
+    let logprobs: Vec<f32> = json["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(logprobs, expected.logprobs.as_slice());
+    assert_eq!(
+        json["choices"][0]["logprobs"]["content"][0]["token"],
+        format!("token_id:{}", expected.token_ids[0])
+    );
+    assert_eq!(json["usage"]["prompt_tokens"], expected.prompt_tokens);
+    assert_eq!(json["usage"]["completion_tokens"], expected.token_ids.len());
+    assert_eq!(json["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(json["object"], "chat.completion");
+}
+
+#[test]
+fn repeated_prompt_reports_cached_tokens_and_metrics_count_them() {
+    let server = TestServer::mock(0, |_| {});
+    let body = chat_body("one two three four", json!({}));
+    let first = post(&server.url("/v1/chat/completions"), &body).json();
+    let second = post(&server.url("/v1/chat/completions"), &body).json();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let prompt_tokens = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        cached,
+        prompt_tokens - 1,
+        "mock reuses all but the last token"
+    );
+    let metrics = get(&server.url("/metrics"));
+    assert_eq!(metrics.status, 200);
+    assert!(metrics.content_type.starts_with("text/plain"));
+    let text = metrics.body;
+    for line in [
+        "lmhost_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2".to_string(),
+        format!("lmhost_cached_prompt_tokens_total {cached}"),
+        "lmhost_prefix_cache_hits_total 1".to_string(),
+        format!("lmhost_prefix_cache_reused_tokens_total {cached}"),
+        format!("lmhost_prompt_tokens_total {}", 2 * prompt_tokens),
+        "lmhost_request_duration_seconds_count 2".to_string(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in\n{text}"
+        );
+    }
+}
+
+#[test]
+fn streamed_chat_carries_the_same_text_usage_and_done() {
+    let server = TestServer::mock(0, |_| {});
+    let plain = post(
+        &server.url("/v1/chat/completions"),
+        &chat_body("a b c d e", json!({})),
+    );
+    let text = plain.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let streamed = post(
+        &server.url("/v1/chat/completions"),
+        &chat_body(
+            "a b c d e",
+            json!({"stream": true, "stream_options": {"include_usage": true}, "logprobs": true}),
+        ),
+    );
+    assert_eq!(streamed.status, 200);
+    assert!(streamed.content_type.starts_with("text/event-stream"));
+    let events: Vec<&str> = streamed
+        .body
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .expect("every event is a data line")
+        })
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, text);
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish.len(), 1);
+    let logprobs: usize = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .map(Vec::len)
+        .sum();
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(logprobs as u64));
+    assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+}
+
+#[test]
+fn completions_echo_scores_the_reply_like_the_backend() {
+    let server = TestServer::mock(0, |_| {});
+    let prompt = "<|system|>\nBe brief.\n<|user|>\nred green blue red\n<|assistant|>\n";
+    let reply = "red blue";
+    let answer = post(
+        &server.url("/v1/completions"),
+        &json!({"model": MODEL, "prompt": format!("{prompt}{reply}"), "echo": true,
+                "logprobs": 1, "max_tokens": 1})
+        .to_string(),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let json = answer.json();
+    let snapshot = ConversationSnapshot::new(lmhost::conversation::group_turns([
+        lmhost_plugin_api::Message::text(lmhost_plugin_api::Role::System, "Be brief."),
+        lmhost_plugin_api::Message::text(lmhost_plugin_api::Role::User, "red green blue red"),
+    ]))
+    .unwrap();
+    let expected = common::open(&common::mock_config(0))
+        .score(&snapshot, reply)
+        .unwrap();
+    let lp = &json["choices"][0]["logprobs"];
+    assert_eq!(lp["token_logprobs"][0], Value::Null);
+    let scored: Vec<f32> = lp["token_logprobs"].as_array().unwrap()[1..]
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(scored, expected.logprobs.as_slice());
+    assert!(lp["text_offset"].as_array().unwrap()[1..]
+        .iter()
+        .all(|o| o.as_u64() == Some(prompt.len() as u64)));
+    assert_eq!(json["choices"][0]["text"], format!("{prompt}{reply}"));
+}
+
+#[test]
+fn text_completion_generates_from_a_plain_prompt() {
+    let server = TestServer::mock(0, |_| {});
+    let answer = post(
+        &server.url("/v1/completions"),
+        &json!({"model": MODEL, "prompt": "alpha beta gamma", "max_tokens": 3, "logprobs": 0})
+            .to_string(),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let json = answer.json();
+    assert_eq!(json["object"], "text_completion");
+    let words = json["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .split(' ')
+        .count();
+    assert_eq!(words, 3);
+    assert_eq!(json["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        json["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+}
+
+#[test]
+fn embeddings_models_props_and_health() {
+    let server = TestServer::mock(0, |_| {});
+    let answer = post(
+        &server.url("/v1/embeddings"),
+        &json!({"model": MODEL, "input": ["one text", "another text"]}).to_string(),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let json = answer.json();
+    assert_eq!(json["data"].as_array().unwrap().len(), 2);
+    assert_eq!(json["data"][1]["index"], 1);
+    assert_eq!(json["data"][0]["embedding"].as_array().unwrap().len(), 16);
+    let models = get(&server.url("/v1/models")).json();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["owned_by"], "lmhost");
+    let props = get(&server.url("/props")).json();
+    assert!(props["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|{{ message.role }}|>"));
+    let health = get(&server.url("/health"));
+    assert_eq!(
+        (health.status, health.json()["status"].clone()),
+        (200, json!("ok"))
+    );
+}
+
+/// Every malformed request gets a 400 (or the documented status) with an OpenAI error body
+/// whose `param` names the field.
+#[test]
+fn malformed_requests_get_openai_errors_naming_the_field() {
+    let server = TestServer::mock(0, |_| {});
+    let chat = server.url("/v1/chat/completions");
+    let completions = server.url("/v1/completions");
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (&chat, "{\"model\": ".into(), 400, "body"),
+        (&chat, "not json at all".into(), 400, "body"),
+        (&chat, json!({"model": MODEL}).to_string(), 400, "messages"),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "temprature": 1}).to_string(),
+            400,
+            "temprature",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "temperature": "hot"}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "max_tokens": -1}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "max_tokens": 0}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "temperature": 3.5}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "top_p": 0}).to_string(),
+            400,
+            "top_p",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "stop": ["ok", ""]}).to_string(),
+            400,
+            "stop[1]",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "n": 2}).to_string(),
+            400,
+            "n",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": user, "stream": "yes"}).to_string(),
+            400,
+            "stream",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": []}).to_string(),
+            400,
+            "messages",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}).to_string(),
+            400,
+            "messages[0].role",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": [{"role": "user"}]}).to_string(),
+            400,
+            "messages[0].content",
+        ),
+        (
+            &chat,
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x", "mood": 1}]})
+                .to_string(),
+            400,
+            "messages[0].mood",
+        ),
+        (
+            &chat,
+            json!({"model": "gpt-9", "messages": user}).to_string(),
+            404,
+            "model",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": 7}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": "x", "logprobs": 5}).to_string(),
+            400,
+            "logprobs",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": "plain", "echo": true, "logprobs": 1}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            &completions,
+            json!({"model": MODEL, "prompt": ["a", "b"]}).to_string(),
+            400,
+            "prompt",
+        ),
+    ];
+    for (url, body, status, param) in cases {
+        let answer = post(url, &body);
+        assert_eq!(answer.status, status, "{body}: {}", answer.body);
+        let error = &answer.json()["error"];
+        assert_eq!(error["param"], param, "{body}: {}", answer.body);
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(error["type"].is_string());
+    }
+}
+
+#[test]
+fn oversized_bodies_and_unknown_routes_get_error_bodies() {
+    let server = TestServer::mock(0, |o| o.body_limit = 1024);
+    let big = chat_body(&"word ".repeat(1000), json!({}));
+    let answer = post(&server.url("/v1/chat/completions"), &big);
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    assert!(answer.json()["error"]["message"].is_string());
+    let answer = get(&server.url("/v2/nothing"));
+    assert_eq!(answer.status, 404);
+    assert!(answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/v2/nothing"));
+}
+
+#[test]
+fn bearer_auth_guards_everything_but_health() {
+    let server = TestServer::mock(0, |o| o.api_key = Some("s3cret".into()));
+    let url = server.url("/v1/chat/completions");
+    let body = chat_body("hello", json!({}));
+    assert_eq!(post(&url, &body).status, 401);
+    let wrong = post_with(&url, &body, Some("guess"));
+    assert_eq!(wrong.status, 401);
+    assert_eq!(wrong.json()["error"]["code"], "invalid_api_key");
+    assert_eq!(post_with(&url, &body, Some("s3cret")).status, 200);
+    assert_eq!(get(&server.url("/health")).status, 200);
+    assert_eq!(get(&server.url("/v1/models")).status, 401);
+}
+
+#[test]
+fn slow_requests_time_out_with_504() {
+    let server = TestServer::mock(3000, |o| o.request_timeout = Duration::from_millis(200));
+    let answer = post(
+        &server.url("/v1/chat/completions"),
+        &chat_body("slow", json!({})),
+    );
+    assert_eq!(answer.status, 504, "{}", answer.body);
+    assert_eq!(answer.json()["error"]["code"], "timeout");
+}
+
+/// One worker, one waiting place, a slow backend and eight clients at once: the first are
+/// served, the rest are refused at once with 503 and Retry-After.
+#[test]
+fn full_queue_refuses_with_503_and_retry_after() {
+    let server = TestServer::mock(1500, |o| {
+        o.workers = 1;
+        o.queue_depth = 1;
+    });
+    let url = server.url("/v1/chat/completions");
+    let barrier = std::sync::Barrier::new(8);
+    let answers: Vec<common::Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (url, barrier) = (&url, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    post(url, &chat_body(&format!("client{i}"), json!({})))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = answers.iter().filter(|a| a.status == 200).count();
+    let refused: Vec<_> = answers.iter().filter(|a| a.status == 503).collect();
+    assert_eq!(ok + refused.len(), 8);
+    assert!(ok >= 1, "the first requests are served");
+    assert!(!refused.is_empty());
+    for answer in refused {
+        assert_eq!(answer.retry_after.as_deref(), Some("1"));
+        assert_eq!(answer.json()["error"]["code"], "overloaded");
+    }
+}
+
+/// 64 clients × 20 requests: every request gets exactly its own answer or a 503.
+#[test]
+fn concurrent_load_loses_and_duplicates_nothing() {
+    let server = TestServer::mock(0, |o| {
+        o.workers = 4;
+        o.queue_depth = 32;
+    });
+    let url = server.url("/v1/chat/completions");
+    let results: Vec<(String, common::Answer)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..64)
+            .map(|c| {
+                let url = &url;
+                s.spawn(move || {
+                    (0..20)
+                        .map(|r| {
+                            let word = format!("c{c}r{r}");
+                            let answer = post(url, &chat_body(&word, json!({})));
+                            (word, answer)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert_eq!(results.len(), 64 * 20);
+    let mut ids = HashSet::new();
+    let mut served = 0;
+    for (word, answer) in &results {
+        match answer.status {
+            200 => {
+                let json = answer.json();
+                assert!(
+                    ids.insert(json["id"].as_str().unwrap().to_string()),
+                    "duplicate id"
+                );
+                // Mock replies with words of the prompt, so the answer proves whose it is.
+                let text = json["choices"][0]["message"]["content"].as_str().unwrap();
+                assert!(
+                    !text.is_empty() && text.split(' ').all(|w| w == word),
+                    "{word}: {text}"
+                );
+                served += 1;
+            }
+            503 => assert_eq!(answer.retry_after.as_deref(), Some("1")),
+            other => panic!("{word}: status {other}: {}", answer.body),
+        }
+    }
+    assert!(served > 0);
+    let metrics = get(&server.url("/metrics")).body;
+    let counted: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("lmhost_requests_total{route=\"/v1/chat/completions\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(counted, 64 * 20, "every request is counted once");
+}
+
+#[test]
+fn graceful_shutdown_finishes_in_flight_requests() {
+    let mut server = TestServer::mock(800, |_| {});
+    let url = server.url("/v1/chat/completions");
+    let in_flight = std::thread::spawn(move || post(&url, &chat_body("finish me", json!({}))));
+    // Wait until the request is admitted (the metrics endpoint is not queued).
+    let metrics = server.url("/metrics");
+    let admitted = (0..1000).any(|_| {
+        std::thread::sleep(Duration::from_millis(5));
+        get(&metrics).body.contains("lmhost_queue_in_flight 1")
+    });
+    assert!(admitted, "the request never reached the queue");
+    server.shutdown();
+    let answer = in_flight.join().unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("finish"));
+}

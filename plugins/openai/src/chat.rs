@@ -1,0 +1,168 @@
+//! `generate` over `/v1/chat/completions`: the request body for a snapshot and config, and the
+//! answer read back into a `GenerationRecord`. Every field of the answer is checked; a missing
+//! or mistyped one is an error naming it, never a panic.
+
+use lmhost_plugin_api::serde_json::{json, Map, Value};
+use lmhost_plugin_api::{
+    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError,
+};
+
+use crate::flavor::Flavor;
+
+/// The id recorded for a token when the server gave only its text.
+pub const UNKNOWN_TOKEN: u32 = u32::MAX;
+
+pub fn request(
+    model: &str,
+    flavor: Flavor,
+    snapshot: &ConversationSnapshot,
+    config: &GenerationConfig,
+) -> Value {
+    let messages: Vec<Value> = snapshot
+        .messages()
+        .map(|m| json!({"role": m.role.as_str(), "content": m.text_content()}))
+        .collect();
+    let mut body = Map::new();
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), Value::Array(messages));
+    body.insert("max_tokens".into(), json!(config.max_new_tokens));
+    body.insert("temperature".into(), json!(config.temperature));
+    body.insert("top_p".into(), json!(config.top_p));
+    body.insert("logprobs".into(), json!(true));
+    if config.temperature > 0.0 {
+        body.insert("seed".into(), json!(config.seed));
+    }
+    if config.top_k > 0 && flavor.takes_top_k() {
+        body.insert("top_k".into(), json!(config.top_k));
+    }
+    if !config.stop.is_empty() {
+        let stop: Vec<&str> = config.stop.iter().map(|s| s.as_str()).collect();
+        body.insert("stop".into(), json!(stop));
+    }
+    if flavor.returns_token_ids_on_request() {
+        body.insert("return_tokens_as_token_ids".into(), json!(true));
+    }
+    Value::Object(body)
+}
+
+pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError> {
+    let bad = |what: &str| {
+        PluginError::unavailable(format!("{url} answered without {what}: {}", short(answer)))
+    };
+    let choice = answer
+        .pointer("/choices/0")
+        .ok_or_else(|| bad("`choices[0]`"))?;
+    let text = match choice.pointer("/message/content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(_) => return Err(bad("a string `choices[0].message.content`")),
+    };
+    let mut token_ids = Vec::new();
+    let mut logprobs = Vec::new();
+    if let Some(Value::Array(tokens)) = choice.pointer("/logprobs/content") {
+        for token in tokens {
+            let logprob = token
+                .get("logprob")
+                .and_then(Value::as_f64)
+                .ok_or_else(|| bad("a number `logprob` for each token"))?;
+            logprobs.push(logprob as f32);
+            token_ids.push(token_id(token.get("token")));
+        }
+    }
+    let finish_reason = match choice.get("finish_reason").and_then(Value::as_str) {
+        Some("length") => FinishReason::Length,
+        // vLLM and lmhost say which stop string ended generation; a stop token is a number.
+        _ if choice.get("stop_reason").is_some_and(Value::is_string) => FinishReason::StopString,
+        _ => FinishReason::Eos,
+    };
+    let usage = answer.get("usage");
+    let count = |pointer: &str| {
+        usage
+            .and_then(|u| u.pointer(pointer))
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as u32
+    };
+    Ok(GenerationRecord {
+        text: text.into(),
+        token_ids: token_ids.into(),
+        logprobs: logprobs.into(),
+        embedding: None.into(),
+        contextual_embedding: None.into(),
+        prompt_tokens: count("/prompt_tokens"),
+        cached_prompt_tokens: count("/prompt_tokens_details/cached_tokens"),
+        finish_reason,
+    })
+}
+
+/// `token_id:N` (vLLM's `return_tokens_as_token_ids`, and `lmhost serve`) gives the id.
+pub fn token_id(token: Option<&Value>) -> u32 {
+    token
+        .and_then(Value::as_str)
+        .and_then(|t| t.strip_prefix("token_id:"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(UNKNOWN_TOKEN)
+}
+
+/// An answer cut short for an error message.
+pub fn short(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(300) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_sends_top_k_and_ids_only_where_taken() {
+        let snapshot = ConversationSnapshot::from_prompt("hi");
+        let config = GenerationConfig {
+            top_k: 5,
+            ..GenerationConfig::default()
+        };
+        let vllm = request("m", Flavor::Vllm, &snapshot, &config);
+        assert_eq!(vllm["top_k"], 5);
+        assert_eq!(vllm["return_tokens_as_token_ids"], true);
+        assert_eq!(vllm["messages"][0]["content"], "hi");
+        let openai = request("m", Flavor::OpenAi, &snapshot, &config);
+        assert!(openai.get("top_k").is_none());
+        assert!(openai.get("return_tokens_as_token_ids").is_none());
+        assert!(openai.get("seed").is_none(), "greedy requests need no seed");
+    }
+
+    #[test]
+    fn record_reads_logprobs_usage_and_stop_reason() {
+        let answer = json!({
+            "choices": [{
+                "message": {"role": "assistant", "content": "a b"},
+                "logprobs": {"content": [
+                    {"token": "token_id:7", "logprob": -0.5},
+                    {"token": "b", "logprob": -1.0}
+                ]},
+                "finish_reason": "stop",
+                "stop_reason": "END"
+            }],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2,
+                      "prompt_tokens_details": {"cached_tokens": 4}}
+        });
+        let record = record(&answer, "u").unwrap();
+        assert_eq!(record.text.as_str(), "a b");
+        assert_eq!(record.token_ids.as_slice(), &[7, UNKNOWN_TOKEN]);
+        assert_eq!(record.logprobs.as_slice(), &[-0.5, -1.0]);
+        assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (9, 4));
+        assert_eq!(record.finish_reason, FinishReason::StopString);
+    }
+
+    #[test]
+    fn malformed_answers_are_errors_naming_the_field() {
+        let err = record(&json!({"choices": []}), "u").unwrap_err();
+        assert!(err.message.contains("choices[0]"), "{err}");
+        let answer = json!({"choices": [{"message": {"content": "x"},
+            "logprobs": {"content": [{"token": "x", "logprob": "high"}]}}]});
+        let err = record(&answer, "u").unwrap_err();
+        assert!(err.message.contains("logprob"), "{err}");
+    }
+}

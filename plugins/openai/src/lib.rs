@@ -1,0 +1,256 @@
+//! `openai`: a backend that drives any OpenAI-compatible server (vLLM, SGLang, llama.cpp's
+//! server, `lmhost serve`, OpenAI itself).
+//!
+//! Users who outgrow one machine run an inference engine; lmhost drives it rather than
+//! reimplementing it. `generate` uses `/v1/chat/completions` with logprobs; `score` takes the
+//! best route to prompt logprobs the server has (see [`score`]). The server's prefix cache shows
+//! up as `cached_prompt_tokens` where it reports `usage.prompt_tokens_details.cached_tokens`.
+//!
+//! Modules: [`client`] (blocking HTTP, retries, error kinds), [`flavor`] (which server),
+//! [`chat`] (generate's wire format), [`score`], [`template`] (prompt rendering for scoring).
+
+pub mod chat;
+pub mod client;
+pub mod flavor;
+pub mod score;
+pub mod template;
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lmhost_plugin_api::serde_json::{json, Map, Value};
+use lmhost_plugin_api::{
+    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
+    GenerationRecord, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord,
+};
+
+use client::{Client, ClientConfig};
+use flavor::Flavor;
+use template::ChatTemplate;
+
+/// Used when neither the option nor `OPENAI_BASE_URL` names a server: vLLM's default address.
+pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:8000/v1";
+
+pub struct OpenAi {
+    client: Client,
+    flavor: Flavor,
+    model: String,
+    template: Option<ChatTemplate>,
+    stats: Mutex<BackendStats>,
+}
+
+impl Backend for OpenAi {
+    const NAME: &'static str = "openai";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+
+    fn options() -> Vec<OptionSpec> {
+        vec![
+            OptionSpec::new(
+                "base_url",
+                OptionKind::String,
+                Value::Null,
+                "The server's API root, e.g. http://127.0.0.1:8000/v1 (default: $OPENAI_BASE_URL, else that).",
+            ),
+            OptionSpec::new(
+                "api_key_env",
+                OptionKind::String,
+                Value::Null,
+                "Name of the environment variable holding the API key (default: OPENAI_API_KEY, if set).",
+            ),
+            OptionSpec::new(
+                "model",
+                OptionKind::String,
+                Value::Null,
+                "The server-side model name (default: model_id, else the server's first model).",
+            ),
+            OptionSpec::choice(
+                "flavor",
+                &flavor::CHOICES,
+                "auto",
+                "Which server: decides top_k, token ids and the scoring route; auto asks /v1/models.",
+            ),
+            OptionSpec::new("timeout_s", OptionKind::Integer, json!(600), "Per-request timeout."),
+            OptionSpec::new(
+                "max_retries",
+                OptionKind::Integer,
+                json!(3),
+                "Retries on connection errors, 429 and 5xx (never on other 4xx).",
+            ),
+            OptionSpec::new(
+                "backoff_ms",
+                OptionKind::Integer,
+                json!(250),
+                "First retry delay; doubles per retry, with jitter.",
+            ),
+            OptionSpec::new(
+                "concurrency",
+                OptionKind::Integer,
+                json!(16),
+                "Most requests in flight to the server at once.",
+            ),
+            OptionSpec::new(
+                "chat_template",
+                OptionKind::String,
+                Value::Null,
+                "For scoring: the model's tokenizer_config.json or a Jinja chat template file (default: the server's /props).",
+            ),
+        ]
+    }
+
+    fn new(context: PluginContext) -> Result<Self, PluginError> {
+        let options = context.options()?;
+        let text = |key: &str| options.get(key).and_then(Value::as_str).map(str::to_string);
+        let int =
+            |key: &str, default: u64| options.get(key).and_then(Value::as_u64).unwrap_or(default);
+        let base_url = text("base_url")
+            .or_else(|| std::env::var("OPENAI_BASE_URL").ok())
+            .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
+        let base_url = base_url.trim_end_matches('/').to_string();
+        let client = Client::new(
+            ClientConfig {
+                base_url,
+                api_key: api_key(&options)?,
+                timeout: Duration::from_secs(int("timeout_s", 600).max(1)),
+                max_retries: int("max_retries", 3).min(20) as u32,
+                concurrency: int("concurrency", 16).max(1) as usize,
+                backoff: Duration::from_millis(int("backoff_ms", 250)),
+            },
+            context.logger.clone(),
+        );
+        let mut model = text("model").unwrap_or_else(|| context.model_id.to_string());
+        let chosen = text("flavor").and_then(|f| Flavor::parse(&f));
+        let flavor = match chosen {
+            Some(flavor) if !model.is_empty() => flavor,
+            _ => {
+                let url = format!("{}/models", client.base_url());
+                let models = client.get(&url)?;
+                if model.is_empty() {
+                    model = models
+                        .pointer("/data/0/id")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| {
+                            PluginError::config(format!(
+                                "no `model` option or model_id, and {url} lists no model"
+                            ))
+                        })?
+                        .to_string();
+                }
+                chosen.unwrap_or(Flavor::from_models(&models).unwrap_or(Flavor::OpenAi))
+            }
+        };
+        let template = match text("chat_template") {
+            Some(path) => Some(ChatTemplate::from_file(Path::new(&path))?),
+            None if flavor.scores() => server_template(&client),
+            None => None,
+        };
+        context.logger.info(&format!(
+            "{} server at {}, model `{model}`, scoring {}",
+            flavor,
+            client.base_url(),
+            if template.is_some() && flavor.scores() {
+                "available"
+            } else {
+                "unavailable"
+            }
+        ));
+        Ok(OpenAi {
+            client,
+            flavor,
+            model,
+            template,
+            stats: Mutex::default(),
+        })
+    }
+
+    fn model_id(&self) -> String {
+        self.model.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            returns_logprobs: true,
+            scores_continuations: self.flavor.scores() && self.template.is_some(),
+            audio_input: false,
+            prefix_cache: true,
+            embeddings: false,
+        }
+    }
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord, PluginError> {
+        if snapshot.has_audio() {
+            return Err(PluginError::invalid_input(
+                "the openai backend sends text only; this conversation has audio",
+            ));
+        }
+        let body = chat::request(&self.model, self.flavor, snapshot, config);
+        let answer = self.client.post("/chat/completions", &body)?;
+        let url = format!("{}/chat/completions", self.client.base_url());
+        let record = chat::record(&answer, &url)?;
+        self.account(
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            record.token_ids.len(),
+        );
+        Ok(record)
+    }
+
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
+        let scorer = score::Scorer {
+            client: &self.client,
+            flavor: self.flavor,
+            template: self.template.as_ref(),
+            model: &self.model,
+        };
+        let record = scorer.score(snapshot, reply)?;
+        self.account(record.prompt_tokens, record.cached_prompt_tokens, 0);
+        Ok(record)
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+}
+
+impl OpenAi {
+    /// Counts the server's prefix-cache use as reported per request.
+    fn account(&self, prompt: u32, cached: u32, generated: usize) {
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.prompt_tokens += u64::from(prompt);
+            stats.generated_tokens += generated as u64;
+            stats.kv_cache_reused_tokens += u64::from(cached);
+            stats.kv_cache_hits += u64::from(cached > 0);
+            stats.kv_cache_misses += u64::from(cached == 0);
+        }
+    }
+}
+
+/// The key from the variable `api_key_env` names. An explicitly named variable must be set;
+/// the default `OPENAI_API_KEY` is used only when present.
+fn api_key(options: &Map<String, Value>) -> Result<Option<String>, PluginError> {
+    match options.get("api_key_env").and_then(Value::as_str) {
+        Some(var) => std::env::var(var).map(Some).map_err(|_| {
+            PluginError::config(format!(
+                "option `api_key_env` names `{var}`, but that environment variable is not set"
+            ))
+        }),
+        None => Ok(std::env::var("OPENAI_API_KEY").ok()),
+    }
+}
+
+/// The chat template a server publishes at `/props` (llama.cpp, `lmhost serve`), if any.
+fn server_template(client: &Client) -> Option<ChatTemplate> {
+    let url = format!("{}/props", client.root_url());
+    let props = client.get(&url).ok()?;
+    ChatTemplate::from_json(&props, url).ok()
+}
+
+export_plugin!(OpenAi);
