@@ -20,7 +20,8 @@ const PREFILL: usize = 512;
 const DECODE: usize = 32;
 
 fn model_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 /// Tokens/s of prefilling `PREFILL` tokens in chunks, and of decoding `DECODE` tokens after.
@@ -52,7 +53,10 @@ fn ours(weights: &str, ids: &[u32]) -> anyhow::Result<Figures> {
         let out = model.forward(&[next], &mut kv, Logits::Last, false)?;
         next = argmax(&out.logits.unwrap().to_vec2::<f32>()?[0]);
     }
-    Ok(Figures { prefill, decode: DECODE as f64 / start.elapsed().as_secs_f64() })
+    Ok(Figures {
+        prefill,
+        decode: DECODE as f64 / start.elapsed().as_secs_f64(),
+    })
 }
 
 fn reference(ids: &[u32]) -> anyhow::Result<Figures> {
@@ -79,7 +83,10 @@ fn reference(ids: &[u32]) -> anyhow::Result<Figures> {
         let logits = model.forward(&input(&[next])?, 128 + i)?;
         next = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
     }
-    Ok(Figures { prefill, decode: DECODE as f64 / start.elapsed().as_secs_f64() })
+    Ok(Figures {
+        prefill,
+        decode: DECODE as f64 / start.elapsed().as_secs_f64(),
+    })
 }
 
 fn row(name: &str, f: &Figures, base: &Figures) {
@@ -89,7 +96,12 @@ fn row(name: &str, f: &Figures, base: &Figures) {
         .zip(&base.prefill)
         .map(|(x, b)| format!("{x:7.1} ({:4.1}x)", x / b))
         .collect();
-    println!("  {name:<22} prefill {}   decode {:6.1} ({:4.1}x)", p.join(" "), f.decode, f.decode / base.decode);
+    println!(
+        "  {name:<22} prefill {}   decode {:6.1} ({:4.1}x)",
+        p.join(" "),
+        f.decode,
+        f.decode / base.decode
+    );
 }
 
 fn main() -> anyhow::Result<()> {
@@ -99,10 +111,14 @@ fn main() -> anyhow::Result<()> {
     let tokenizer_host = Candle::new(context)?;
     let ids = tokenizer_host.engine()?.encode(&text.repeat(60), false)?;
     anyhow::ensure!(ids.len() >= PREFILL, "prompt too short: {}", ids.len());
-    let all = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let all = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     println!("tokens/s, prefill of {PREFILL} tokens in chunks {CHUNKS:?}, decode of {DECODE} after 128; (ratio to quantized_llama)");
     for threads in [1, all] {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
         pool.install(|| -> anyhow::Result<()> {
             println!("threads = {threads}");
             let base = reference(&ids)?;

@@ -89,7 +89,8 @@ fn apply_mask(scores: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
     match mask {
         None => Ok(scores.clone()),
         Some(mask) => {
-            let neg_inf = Tensor::new(f32::NEG_INFINITY, scores.device())?.to_dtype(scores.dtype())?;
+            let neg_inf =
+                Tensor::new(f32::NEG_INFINITY, scores.device())?.to_dtype(scores.dtype())?;
             let mask = mask.broadcast_as(scores.shape())?;
             mask.where_cond(&neg_inf.broadcast_as(scores.shape())?, scores)
         }
@@ -138,17 +139,21 @@ impl Attention for Chunked {
         for start in (0..q_len).step_by(self.chunk.max(1)) {
             let len = self.chunk.min(q_len - start);
             // (1, kvh, n_rep * len, d): rows are (rep, position) within each kv head.
-            let qc = q
-                .narrow(2, start, len)?
-                .contiguous()?
-                .reshape((b, kv_heads, p.n_rep * len, d))?;
+            let qc =
+                q.narrow(2, start, len)?
+                    .contiguous()?
+                    .reshape((b, kv_heads, p.n_rep * len, d))?;
             let scores = (qc.matmul(&kt)? * p.scale)?;
             let kv_len = kt.dim(D::Minus1)?;
             let scores = scores.reshape((b, kv_heads, p.n_rep, len, kv_len))?;
             let mask = hidden_mask(len, p.offset + start, kv_len, p.sliding_window, q.device())?;
             let scores = apply_mask(&scores, mask.as_ref())?;
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?
-                .reshape((b, kv_heads, p.n_rep * len, kv_len))?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((
+                b,
+                kv_heads,
+                p.n_rep * len,
+                kv_len,
+            ))?;
             let out = probs.matmul(&v)?.reshape((b, heads, len, d))?;
             outs.push(out);
         }
@@ -172,12 +177,23 @@ mod tests {
 
     fn rand(shape: (usize, usize, usize, usize), seed: f64) -> Tensor {
         let n = shape.0 * shape.1 * shape.2 * shape.3;
-        let data: Vec<f32> = (0..n).map(|i| ((i as f64 * 0.7 + seed).sin()) as f32).collect();
+        let data: Vec<f32> = (0..n)
+            .map(|i| ((i as f64 * 0.7 + seed).sin()) as f32)
+            .collect();
         Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
     }
 
     #[test]
@@ -187,12 +203,20 @@ mod tests {
             let q = rand((1, 6, q_len, 8), 0.3);
             let k = rand((1, 2, offset + q_len, 8), 1.1);
             let v = rand((1, 2, offset + q_len, 8), 2.9);
-            let p = AttnParams { scale: 0.35, n_rep: 3, offset, sliding_window: window };
+            let p = AttnParams {
+                scale: 0.35,
+                n_rep: 3,
+                offset,
+                sliding_window: window,
+            };
             let reference = Eager.forward(&q, &k, &v, &p).unwrap();
             for name in names() {
                 let out = resolve(&name).unwrap().forward(&q, &k, &v, &p).unwrap();
                 let diff = max_diff(&reference, &out);
-                assert!(diff < 1e-5, "{name} differs from eager by {diff} at {offset}/{q_len}");
+                assert!(
+                    diff < 1e-5,
+                    "{name} differs from eager by {diff} at {offset}/{q_len}"
+                );
             }
         }
     }
@@ -205,7 +229,9 @@ mod tests {
 
     #[test]
     fn sliding_window_hides_old_keys() {
-        let m = hidden_mask(1, 5, 6, Some(2), &Device::Cpu).unwrap().unwrap();
+        let m = hidden_mask(1, 5, 6, Some(2), &Device::Cpu)
+            .unwrap()
+            .unwrap();
         assert_eq!(m.to_vec2::<u8>().unwrap(), vec![vec![1, 1, 1, 1, 0, 0]]);
     }
 }

@@ -59,8 +59,16 @@ impl Engine {
             .transpose()
             .map_err(PluginError::unavailable)?;
         let model_max = loaded.model.max_context();
-        let max_context = if max_context == 0 { model_max } else { max_context.min(model_max) };
-        Ok(Engine { loaded, template, max_context })
+        let max_context = if max_context == 0 {
+            model_max
+        } else {
+            max_context.min(model_max)
+        };
+        Ok(Engine {
+            loaded,
+            template,
+            max_context,
+        })
     }
 
     pub fn max_context(&self) -> usize {
@@ -112,15 +120,27 @@ impl Engine {
             return Err(PluginError::invalid_input(format!(
                 "the prompt has {} tokens{}, more than the context of {} tokens",
                 ids.len(),
-                if extra > 0 { format!(" (+{extra} reply tokens)") } else { String::new() },
+                if extra > 0 {
+                    format!(" (+{extra} reply tokens)")
+                } else {
+                    String::new()
+                },
                 self.max_context
             )));
         }
         Ok(ids)
     }
 
-    fn forward(&self, ids: &[u32], kv: &mut KvState, logits: Logits) -> Result<Forward, PluginError> {
-        self.loaded.model.forward(ids, kv, logits, false).map_err(internal)
+    fn forward(
+        &self,
+        ids: &[u32],
+        kv: &mut KvState,
+        logits: Logits,
+    ) -> Result<Forward, PluginError> {
+        self.loaded
+            .model
+            .forward(ids, kv, logits, false)
+            .map_err(internal)
     }
 
     /// Fills a state with all prompt tokens but the last; returns it and how many came cached.
@@ -149,7 +169,10 @@ impl Engine {
     pub fn logits_all(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>, PluginError> {
         let mut kv = self.loaded.model.new_state();
         let out = self.forward(ids, &mut kv, Logits::All)?;
-        rows(&out.logits.ok_or_else(|| PluginError::internal("no logits"))?)
+        rows(
+            &out.logits
+                .ok_or_else(|| PluginError::internal("no logits"))?,
+        )
     }
 
     pub fn generate(
@@ -172,7 +195,9 @@ impl Engine {
         let mut finish = FinishReason::Length;
         while ids.len() < config.max_new_tokens as usize && kv.len() < self.max_context {
             let out = self.forward(&[next], &mut kv, Logits::Last)?;
-            let logits = out.logits.ok_or_else(|| PluginError::internal("no logits"))?;
+            let logits = out
+                .logits
+                .ok_or_else(|| PluginError::internal("no logits"))?;
             let row = rows(&logits)?.pop().unwrap_or_default();
             next = sampler.pick(&row, &mut rng);
             logprobs.push(logprob_of(&row, next));
@@ -182,7 +207,12 @@ impl Engine {
                 break;
             }
             text = self.decode(&ids)?;
-            if let Some(cut) = config.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+            if let Some(cut) = config
+                .stop
+                .iter()
+                .filter_map(|s| text.find(s.as_str()))
+                .min()
+            {
                 text.truncate(cut);
                 finish = FinishReason::StopString;
                 break;
@@ -218,8 +248,12 @@ impl Engine {
         let model = &self.loaded.model;
         let stat = mean_rows(&model.embed(ids).map_err(internal)?).map_err(internal)?;
         let mut kv = model.new_state();
-        let out = model.forward(ids, &mut kv, Logits::None, true).map_err(internal)?;
-        let hidden = out.hidden.ok_or_else(|| PluginError::internal("no hidden states"))?;
+        let out = model
+            .forward(ids, &mut kv, Logits::None, true)
+            .map_err(internal)?;
+        let hidden = out
+            .hidden
+            .ok_or_else(|| PluginError::internal("no hidden states"))?;
         Ok((stat, mean_rows(&hidden).map_err(internal)?))
     }
 
@@ -239,7 +273,9 @@ impl Engine {
             Vec::new()
         } else {
             let out = self.forward(&input, &mut kv, Logits::All)?;
-            let logits = out.logits.ok_or_else(|| PluginError::internal("no logits"))?;
+            let logits = out
+                .logits
+                .ok_or_else(|| PluginError::internal("no logits"))?;
             rows(&logits)?
                 .iter()
                 .zip(&reply_ids)

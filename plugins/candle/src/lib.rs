@@ -89,13 +89,22 @@ impl Backend for Candle {
         config.validate()?;
         let engine = self.engine()?;
         let record = self.with_store(|store| {
-            self.pool.install(|| engine.generate(snapshot, config, store))
+            self.pool
+                .install(|| engine.generate(snapshot, config, store))
         })?;
-        self.count(record.prompt_tokens, record.cached_prompt_tokens, record.token_ids.len());
+        self.count(
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            record.token_ids.len(),
+        );
         Ok(record)
     }
 
-    fn score(&self, snapshot: &ConversationSnapshot, reply: &str) -> Result<ScoreRecord, PluginError> {
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
         let engine = self.engine()?;
         let record =
             self.with_store(|store| self.pool.install(|| engine.score(snapshot, reply, store)))?;
@@ -141,7 +150,11 @@ impl Candle {
             device,
             format: s.weights,
             attention,
-            max_context: if s.max_context == 0 { usize::MAX } else { s.max_context },
+            max_context: if s.max_context == 0 {
+                usize::MAX
+            } else {
+                s.max_context
+            },
         };
         let loaded = source::load(&self.model_id, &s.revision, s.model_class.as_deref(), build)?;
         Engine::new(loaded, s.max_context)

@@ -198,7 +198,10 @@ mod tests {
     #[test]
     fn cuda_without_the_feature_is_a_config_error() {
         let err = parse(json!({"device": "cuda"})).unwrap_err();
-        assert!(err.message.contains("`device`") && err.message.contains("cuda"), "{err}");
+        assert!(
+            err.message.contains("`device`") && err.message.contains("cuda"),
+            "{err}"
+        );
     }
 
     #[test]

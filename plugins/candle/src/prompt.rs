@@ -80,8 +80,13 @@ mod tests {
     #[test]
     fn renders_chatml_with_generation_prompt() {
         let t = ChatTemplate::new(CHATML).unwrap();
-        let text = t.render(&[("user".into(), "Hi?".into())], None, None).unwrap();
-        assert_eq!(text, "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
+        let text = t
+            .render(&[("user".into(), "Hi?".into())], None, None)
+            .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
@@ -94,7 +99,10 @@ mod tests {
 
     #[test]
     fn fallback_lists_roles() {
-        let text = fallback(&[("system".into(), "Be brief.".into()), ("user".into(), "Hi".into())]);
+        let text = fallback(&[
+            ("system".into(), "Be brief.".into()),
+            ("user".into(), "Hi".into()),
+        ]);
         assert_eq!(text, "system: Be brief.\nuser: Hi\nassistant:");
     }
 }

@@ -107,15 +107,31 @@ mod tests {
     #[test]
     fn greedy_top_k_and_seeds() {
         let logits = [0.0, 5.0, 4.9, -1.0];
-        let greedy = Sampler { temperature: 0.0, top_k: 0, top_p: 1.0 };
+        let greedy = Sampler {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+        };
         assert_eq!(greedy.pick(&logits, &mut Rng::new(1)), 1);
-        let top2 = Sampler { temperature: 1.0, top_k: 2, top_p: 1.0 };
-        let picks: Vec<u32> = (0..200).map(|s| top2.pick(&logits, &mut Rng::new(s))).collect();
+        let top2 = Sampler {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+        };
+        let picks: Vec<u32> = (0..200)
+            .map(|s| top2.pick(&logits, &mut Rng::new(s)))
+            .collect();
         assert!(picks.iter().all(|&p| p == 1 || p == 2));
         assert!(picks.contains(&1) && picks.contains(&2));
-        let again: Vec<u32> = (0..200).map(|s| top2.pick(&logits, &mut Rng::new(s))).collect();
+        let again: Vec<u32> = (0..200)
+            .map(|s| top2.pick(&logits, &mut Rng::new(s)))
+            .collect();
         assert_eq!(picks, again);
-        let nucleus = Sampler { temperature: 1.0, top_k: 0, top_p: 0.01 };
+        let nucleus = Sampler {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.01,
+        };
         assert!((0..50).all(|s| nucleus.pick(&logits, &mut Rng::new(s)) == 1));
     }
 }

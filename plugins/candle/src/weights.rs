@@ -90,7 +90,12 @@ fn requantize(w: &Weight, to: GgmlDType) -> Result<QMatMul> {
 
 impl Linear {
     /// Builds the layer in `format`, computing in `dtype` where dense.
-    pub fn new(w: Weight, bias: Option<Tensor>, format: WeightFormat, dtype: DType) -> Result<Self> {
+    pub fn new(
+        w: Weight,
+        bias: Option<Tensor>,
+        format: WeightFormat,
+        dtype: DType,
+    ) -> Result<Self> {
         let dense = |w: &Weight| w.dense(dtype).map(QMatMul::Tensor);
         let quantized = matches!(w, Weight::Quantized(_)) && dtype == DType::F32;
         let (prefill, decode) = match format {
@@ -106,7 +111,11 @@ impl Linear {
             WeightFormat::Q4_0 => (requantize(&w, GgmlDType::Q4_0)?, None),
         };
         let bias = bias.map(|b| b.to_dtype(dtype)).transpose()?;
-        Ok(Linear { prefill, decode, bias })
+        Ok(Linear {
+            prefill,
+            decode,
+            bias,
+        })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -135,7 +144,9 @@ pub trait WeightSource {
 pub fn check_shape(name: &str, w: Weight, shape: &[usize]) -> std::result::Result<Weight, String> {
     let dims = w.dims();
     if dims != shape {
-        return Err(format!("tensor `{name}` has shape {dims:?}, the config implies {shape:?}"));
+        return Err(format!(
+            "tensor `{name}` has shape {dims:?}, the config implies {shape:?}"
+        ));
     }
     Ok(w)
 }

@@ -9,7 +9,10 @@ use lmhost::{Config, ConversationSnapshot, Host};
 /// `target/debug`, where cargo puts the plugin library beside the test's `deps/` directory.
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|deps| deps.parent()).unwrap().to_path_buf()
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .to_path_buf()
 }
 
 #[test]
@@ -17,7 +20,11 @@ fn host_loads_the_candle_library_by_name_and_generates() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::write_gguf(&dir.path().join("tiny.gguf"), "llama");
     let library = library_dir().join(lmhost::plugins::library_file_name("candle"));
-    assert!(library.is_file(), "{} missing: build with `cargo build --workspace`", library.display());
+    assert!(
+        library.is_file(),
+        "{} missing: build with `cargo build --workspace`",
+        library.display()
+    );
     let config_path = dir.path().join("candle.toml");
     let toml = format!(
         "plugin_dirs = [{:?}]\n[backend]\nkind = \"candle\"\nmodel_id = \"tiny.gguf\"\n\
@@ -29,7 +36,10 @@ fn host_loads_the_candle_library_by_name_and_generates() {
     let backend = Host::new().open(&config).unwrap();
     assert_eq!(backend.plugin(), "candle");
     let record = backend
-        .generate(&ConversationSnapshot::from_prompt("Hello?"), &config.generation)
+        .generate(
+            &ConversationSnapshot::from_prompt("Hello?"),
+            &config.generation,
+        )
         .unwrap();
     assert!(!record.token_ids.is_empty() && record.token_ids.len() <= 5);
     assert_eq!(record.logprobs.len(), record.token_ids.len());

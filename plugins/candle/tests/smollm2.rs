@@ -37,7 +37,8 @@ fn f32_model() -> Arc<Candle> {
 /// The file's own Q4_1/Q8_0 weights and candle's kernels.
 fn stored_model() -> Arc<Candle> {
     static M: OnceLock<Arc<Candle>> = OnceLock::new();
-    M.get_or_init(|| open(json!({"weights": "as_stored"}))).clone()
+    M.get_or_init(|| open(json!({"weights": "as_stored"})))
+        .clone()
 }
 
 fn question() -> ConversationSnapshot {
@@ -45,12 +46,18 @@ fn question() -> ConversationSnapshot {
 }
 
 fn greedy(n: u32) -> GenerationConfig {
-    GenerationConfig { max_new_tokens: n, ..GenerationConfig::default() }
+    GenerationConfig {
+        max_new_tokens: n,
+        ..GenerationConfig::default()
+    }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -73,7 +80,9 @@ fn logprobs_match_a_full_forward_and_score() {
         .token_ids
         .iter()
         .enumerate()
-        .map(|(i, &id)| lmhost_candle::sampling::log_softmax(&rows[prompt.len() - 1 + i])[id as usize])
+        .map(|(i, &id)| {
+            lmhost_candle::sampling::log_softmax(&rows[prompt.len() - 1 + i])[id as usize]
+        })
         .collect();
     let diff = max_abs_diff(&r.logprobs, &full);
     println!("generate vs one full pass: max |Δlogprob| = {diff:e}");
@@ -130,17 +139,38 @@ fn logits_match_candle_transformers_quantized_llama() {
     let ours_last = ours.last().unwrap();
     let mut file = std::fs::File::open(model_path()).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
-    let mut reference =
-        candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)
-            .unwrap();
-    let input = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-    let theirs = reference.forward(&input, 0).unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+    let mut reference = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+        content,
+        &mut file,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let input = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let theirs = reference
+        .forward(&input, 0)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     let diff = max_abs_diff(ours_last, &theirs);
     println!("as_stored vs quantized_llama: max |Δlogit| = {diff:e}");
     assert!(diff <= 1e-4, "{diff}");
     // The error dequantizing to f32 introduces (different kernels: Q8_1 activations vs f32).
-    let f32_last = f32_model().engine().unwrap().logits_all(&ids).unwrap().pop().unwrap();
-    println!("f32 vs as_stored: max |Δlogit| = {:e}", max_abs_diff(&f32_last, ours_last));
+    let f32_last = f32_model()
+        .engine()
+        .unwrap()
+        .logits_all(&ids)
+        .unwrap()
+        .pop()
+        .unwrap();
+    println!(
+        "f32 vs as_stored: max |Δlogit| = {:e}",
+        max_abs_diff(&f32_last, ours_last)
+    );
 }
 
 /// llama.cpp permutes q/k rows for interleaved RoPE; undo it for a halves-RoPE model.
@@ -163,7 +193,11 @@ fn logits_match_an_independent_f32_llama() {
     let mut tensors = std::collections::HashMap::new();
     let names: Vec<String> = content.tensor_infos.keys().cloned().collect();
     for name in names {
-        let t = content.tensor(&mut file, &name, &Device::Cpu).unwrap().dequantize(&Device::Cpu).unwrap();
+        let t = content
+            .tensor(&mut file, &name, &Device::Cpu)
+            .unwrap()
+            .dequantize(&Device::Cpu)
+            .unwrap();
         let t = if name.ends_with("attn_q.weight") {
             unpermute(&t, 9)
         } else if name.ends_with("attn_k.weight") {
@@ -183,14 +217,26 @@ fn logits_match_an_independent_f32_llama() {
     let config = config.into_config(false);
     let vb = candle_nn::VarBuilder::from_tensors(tensors, candle_core::DType::F32, &Device::Cpu);
     let model = reference::Llama::load(vb, &config).unwrap();
-    let mut cache = reference::Cache::new(false, candle_core::DType::F32, &config, &Device::Cpu).unwrap();
+    let mut cache =
+        reference::Cache::new(false, candle_core::DType::F32, &config, &Device::Cpu).unwrap();
     let b = f32_model();
     let ids = prompt_ids(&b);
-    let input = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-    let theirs = model.forward(&input, 0, &mut cache).unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+    let input = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let theirs = model
+        .forward(&input, 0, &mut cache)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     let ours = b.engine().unwrap().logits_all(&ids).unwrap().pop().unwrap();
     let diff = max_abs_diff(&ours, &theirs);
-    println!("f32 vs candle-transformers llama (dequantized, un-permuted): max |Δlogit| = {diff:e}");
+    println!(
+        "f32 vs candle-transformers llama (dequantized, un-permuted): max |Δlogit| = {diff:e}"
+    );
     assert!(diff <= 1e-3, "{diff}");
 }
 
@@ -209,5 +255,7 @@ fn hf_name(gguf: &str) -> String {
         ("ffn_norm", "post_attention_layernorm"),
         ("blk.", "model.layers."),
     ];
-    renames.iter().fold(gguf.to_string(), |n, (from, to)| n.replace(from, to))
+    renames
+        .iter()
+        .fold(gguf.to_string(), |n, (from, to)| n.replace(from, to))
 }

@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use serde::Deserialize;
 
 use super::{Forward, Logits};
-use crate::attention::{AttnParams, Attention};
+use crate::attention::{Attention, AttnParams};
 use crate::kv::KvState;
 use crate::weights::{Linear, Weight, WeightFormat, WeightSource};
 
@@ -82,7 +82,11 @@ pub const TP_PLAN: &[(&str, &str)] = &[
 /// Pipeline plan (`base_model_pp_plan`): each top-level block with its inputs and outputs.
 pub const PP_PLAN: &[super::PipelineStage] = &[
     ("embed_tokens", &["input_ids"], &["inputs_embeds"]),
-    ("layers", &["hidden_states", "attention_mask"], &["hidden_states"]),
+    (
+        "layers",
+        &["hidden_states", "attention_mask"],
+        &["hidden_states"],
+    ),
     ("norm", &["hidden_states"], &["hidden_states"]),
 ];
 
@@ -242,12 +246,19 @@ impl Loader<'_> {
         let name = format!("{name}.weight");
         let w = self.weight(&name, &[size])?;
         let weight = w.dense(self.opts.dtype).map_err(candle_err(&name))?;
-        Ok(RmsNorm { weight, eps: eps as f32 })
+        Ok(RmsNorm {
+            weight,
+            eps: eps as f32,
+        })
     }
 
     fn block(&mut self, cfg: &LlamaConfig, i: usize) -> LoadResult<Block> {
         let (h, d, kvh) = (cfg.hidden_size, cfg.head_dim(), cfg.kv_heads());
-        let (nh, ffn, bias) = (cfg.num_attention_heads, cfg.intermediate_size, cfg.qkv_bias());
+        let (nh, ffn, bias) = (
+            cfg.num_attention_heads,
+            cfg.intermediate_size,
+            cfg.qkv_bias(),
+        );
         let p = format!("model.layers.{i}");
         Ok(Block {
             q: self.linear(&format!("{p}.self_attn.q_proj"), nh * d, h, bias)?,
@@ -258,14 +269,22 @@ impl Loader<'_> {
             up: self.linear(&format!("{p}.mlp.up_proj"), ffn, h, false)?,
             down: self.linear(&format!("{p}.mlp.down_proj"), h, ffn, false)?,
             attn_norm: self.norm(&format!("{p}.input_layernorm"), h, cfg.rms_norm_eps)?,
-            mlp_norm: self.norm(&format!("{p}.post_attention_layernorm"), h, cfg.rms_norm_eps)?,
+            mlp_norm: self.norm(
+                &format!("{p}.post_attention_layernorm"),
+                h,
+                cfg.rms_norm_eps,
+            )?,
         })
     }
 }
 
 impl Llama {
     /// Loads every tensor from `src`; a missing or misshapen tensor is an error naming it.
-    pub fn load(cfg: LlamaConfig, src: &mut dyn WeightSource, opts: BuildOptions) -> LoadResult<Self> {
+    pub fn load(
+        cfg: LlamaConfig,
+        src: &mut dyn WeightSource,
+        opts: BuildOptions,
+    ) -> LoadResult<Self> {
         cfg.validate()?;
         let mut loader = Loader { src, opts: &opts };
         let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
@@ -283,7 +302,8 @@ impl Llama {
             Linear::new(embed_w, None, opts.format, opts.dtype).map_err(candle_err("lm_head"))?
         };
         let max_context = opts.max_context.min(cfg.max_position_embeddings).max(1);
-        let rope = Rope::new(&cfg, max_context, opts.dtype, &opts.device).map_err(|e| e.to_string())?;
+        let rope =
+            Rope::new(&cfg, max_context, opts.dtype, &opts.device).map_err(|e| e.to_string())?;
         Ok(Llama {
             embed,
             blocks,
@@ -305,10 +325,24 @@ impl Llama {
         kv: &mut KvState,
     ) -> Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
-        let (nh, kvh, d) = (self.cfg.num_attention_heads, self.cfg.kv_heads(), self.cfg.head_dim());
-        let q = b.q.forward(x)?.reshape((batch, len, nh, d))?.transpose(1, 2)?;
-        let k = b.k.forward(x)?.reshape((batch, len, kvh, d))?.transpose(1, 2)?;
-        let v = b.v.forward(x)?.reshape((batch, len, kvh, d))?.transpose(1, 2)?.contiguous()?;
+        let (nh, kvh, d) = (
+            self.cfg.num_attention_heads,
+            self.cfg.kv_heads(),
+            self.cfg.head_dim(),
+        );
+        let q =
+            b.q.forward(x)?
+                .reshape((batch, len, nh, d))?
+                .transpose(1, 2)?;
+        let k =
+            b.k.forward(x)?
+                .reshape((batch, len, kvh, d))?
+                .transpose(1, 2)?;
+        let v =
+            b.v.forward(x)?
+                .reshape((batch, len, kvh, d))?
+                .transpose(1, 2)?
+                .contiguous()?;
         let q = self.rope.apply(&q, offset)?;
         let k = self.rope.apply(&k, offset)?;
         let (k, v) = kv.append(layer, &k, &v)?;
@@ -346,7 +380,13 @@ impl Llama {
 }
 
 impl super::CausalLm for Llama {
-    fn forward(&self, ids: &[u32], kv: &mut KvState, logits: Logits, hidden: bool) -> Result<Forward> {
+    fn forward(
+        &self,
+        ids: &[u32],
+        kv: &mut KvState,
+        logits: Logits,
+        hidden: bool,
+    ) -> Result<Forward> {
         let states = self.trunk(ids, kv)?.squeeze(0)?;
         let logits = match logits {
             Logits::None => None,

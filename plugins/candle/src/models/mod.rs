@@ -33,8 +33,13 @@ pub struct Forward {
 /// A causal language model: ids in, logits out, attention state in a [`KvState`].
 pub trait CausalLm: Send + Sync {
     /// Runs `ids` at positions `kv.len()..`, appending their keys and values to `kv`.
-    fn forward(&self, ids: &[u32], kv: &mut KvState, logits: Logits, hidden: bool)
-        -> Result<Forward>;
+    fn forward(
+        &self,
+        ids: &[u32],
+        kv: &mut KvState,
+        logits: Logits,
+        hidden: bool,
+    ) -> Result<Forward>;
     /// A fresh, empty state for this model.
     fn new_state(&self) -> KvState;
     /// The input-embedding rows of `ids`, `(ids.len(), hidden)` in f32.
@@ -68,7 +73,11 @@ impl TpStyle {
 }
 
 /// One block of a pipeline plan: its name, input names and output names.
-pub type PipelineStage = (&'static str, &'static [&'static str], &'static [&'static str]);
+pub type PipelineStage = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
 
 /// Checks a declared tensor-parallel plan: every style is colwise or rowwise.
 pub fn validate_tp_plan(

@@ -37,7 +37,10 @@ fn gguf_name(hf: &str) -> String {
         ("post_attention_layernorm", "ffn_norm"),
     ]
     .iter()
-    .find_map(|(from, to)| rest.strip_prefix(from).map(|suffix| format!("{to}{suffix}")))
+    .find_map(|(from, to)| {
+        rest.strip_prefix(from)
+            .map(|suffix| format!("{to}{suffix}"))
+    })
     .unwrap_or_else(|| rest.to_string());
     format!("blk.{layer}.{renamed}")
 }
@@ -67,7 +70,9 @@ impl WeightSource for GgufSource {
 }
 
 fn meta_usize(meta: &HashMap<String, Value>, key: &str) -> Result<usize, String> {
-    let v = meta.get(key).ok_or_else(|| format!("metadata `{key}` is missing"))?;
+    let v = meta
+        .get(key)
+        .ok_or_else(|| format!("metadata `{key}` is missing"))?;
     v.to_u32()
         .map(|n| n as usize)
         .or_else(|_| v.to_u64().map(|n| n as usize))
@@ -79,7 +84,11 @@ fn meta_f64(meta: &HashMap<String, Value>, key: &str) -> Option<f64> {
 }
 
 /// The Llama-family config from `{arch}.*` metadata.
-fn config(meta: &HashMap<String, Value>, vocab: usize, has_output: bool) -> Result<LlamaConfig, String> {
+fn config(
+    meta: &HashMap<String, Value>,
+    vocab: usize,
+    has_output: bool,
+) -> Result<LlamaConfig, String> {
     let arch = meta
         .get("general.architecture")
         .and_then(|v| v.to_string().ok())
@@ -119,7 +128,8 @@ fn config(meta: &HashMap<String, Value>, vocab: usize, has_output: bool) -> Resu
 pub fn load(path: &Path, build: BuildOptions) -> Result<Loaded, String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let mut reader = BufReader::new(file);
-    let content = Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
+    let content =
+        Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
     let meta = &content.metadata;
     let tokenizer = gguf_tokenizer::build(meta)?;
     let vocab = tokenizer.get_vocab_size(true);
@@ -155,9 +165,18 @@ mod tests {
 
     #[test]
     fn maps_hugging_face_names_to_gguf() {
-        assert_eq!(gguf_name("model.layers.3.self_attn.q_proj.weight"), "blk.3.attn_q.weight");
-        assert_eq!(gguf_name("model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
-        assert_eq!(gguf_name("model.layers.12.post_attention_layernorm.weight"), "blk.12.ffn_norm.weight");
+        assert_eq!(
+            gguf_name("model.layers.3.self_attn.q_proj.weight"),
+            "blk.3.attn_q.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.k_proj.bias"),
+            "blk.0.attn_k.bias"
+        );
+        assert_eq!(
+            gguf_name("model.layers.12.post_attention_layernorm.weight"),
+            "blk.12.ffn_norm.weight"
+        );
         assert_eq!(gguf_name("model.embed_tokens.weight"), "token_embd.weight");
         assert_eq!(gguf_name("lm_head.weight"), "output.weight");
     }

@@ -29,7 +29,11 @@ fn strings(meta: &HashMap<String, Value>, key: &str) -> Result<Vec<String>, Stri
         .map_err(|e| format!("metadata `{key}`: {e}"))?;
     values
         .iter()
-        .map(|v| v.to_string().cloned().map_err(|e| format!("metadata `{key}`: {e}")))
+        .map(|v| {
+            v.to_string()
+                .cloned()
+                .map_err(|e| format!("metadata `{key}`: {e}"))
+        })
         .collect()
 }
 
@@ -37,7 +41,11 @@ fn token_types(meta: &HashMap<String, Value>, n: usize) -> Vec<i32> {
     let types = meta
         .get("tokenizer.ggml.token_type")
         .and_then(|v| v.to_vec().ok())
-        .map(|v| v.iter().map(|t| t.to_i32().unwrap_or(1)).collect::<Vec<_>>())
+        .map(|v| {
+            v.iter()
+                .map(|t| t.to_i32().unwrap_or(1))
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default();
     if types.len() == n {
         types
@@ -61,7 +69,10 @@ pub fn build(meta: &HashMap<String, Value>) -> Result<Tokenizer, String> {
     let tokens = strings(meta, "tokenizer.ggml.tokens")?;
     let merges = strings(meta, "tokenizer.ggml.merges")?
         .into_iter()
-        .filter_map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())))
+        .filter_map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+        })
         .collect::<Vec<_>>();
     let vocab: Vocab = tokens
         .iter()

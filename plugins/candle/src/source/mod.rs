@@ -37,9 +37,13 @@ pub fn load(
     let path = Path::new(model_id);
     let at = |e: String| PluginError::unavailable(format!("model {}: {e}", path.display()));
     if path.is_file() {
-        let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        let is_gguf = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
         if !is_gguf {
-            return Err(at("a model file must be a .gguf (or give a checkpoint directory)".into()));
+            return Err(at(
+                "a model file must be a .gguf (or give a checkpoint directory)".into(),
+            ));
         }
         return gguf::load(path, build).map_err(at);
     }

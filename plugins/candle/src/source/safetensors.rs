@@ -23,12 +23,16 @@ pub struct Files {
 /// The shard file names an index lists, deduplicated, in order.
 pub fn shards_of_index(index: &Path) -> Result<Vec<String>, String> {
     let text = read(index)?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
+    let json: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
     let map = json
         .get("weight_map")
         .and_then(Value::as_object)
         .ok_or_else(|| format!("{}: no `weight_map` object", index.display()))?;
-    let mut shards: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+    let mut shards: Vec<String> = map
+        .values()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
     shards.sort();
     shards.dedup();
     Ok(shards)
@@ -46,9 +50,14 @@ impl Files {
         let weights = if let Some(single) = file("model.safetensors") {
             vec![single]
         } else if let Some(index) = file("model.safetensors.index.json") {
-            shards_of_index(&index)?.iter().map(|s| dir.join(s)).collect()
+            shards_of_index(&index)?
+                .iter()
+                .map(|s| dir.join(s))
+                .collect()
         } else {
-            return Err("no model.safetensors or model.safetensors.index.json in the directory".into());
+            return Err(
+                "no model.safetensors or model.safetensors.index.json in the directory".into(),
+            );
         };
         Ok(Files {
             config,
@@ -94,18 +103,33 @@ fn token_text(v: Option<&Value>) -> Option<String> {
 fn eos_ids(config: &Value, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Vec<u32> {
     match config.get("eos_token_id") {
         Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_u64().map(|n| n as u32)).collect(),
-        _ => eos_token.and_then(|t| tokenizer.token_to_id(t)).into_iter().collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_u64().map(|n| n as u32))
+            .collect(),
+        _ => eos_token
+            .and_then(|t| tokenizer.token_to_id(t))
+            .into_iter()
+            .collect(),
     }
 }
 
-pub fn load(files: &Files, model_class: Option<&str>, build: BuildOptions) -> Result<Loaded, String> {
+pub fn load(
+    files: &Files,
+    model_class: Option<&str>,
+    build: BuildOptions,
+) -> Result<Loaded, String> {
     let config_text = read(&files.config)?;
-    let config_json: Value =
-        serde_json::from_str(&config_text).map_err(|e| format!("{}: {e}", files.config.display()))?;
+    let config_json: Value = serde_json::from_str(&config_text)
+        .map_err(|e| format!("{}: {e}", files.config.display()))?;
     let arch = model_class
         .map(String::from)
-        .or_else(|| config_json.get("model_type").and_then(Value::as_str).map(String::from))
+        .or_else(|| {
+            config_json
+                .get("model_type")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
         .unwrap_or_else(|| "llama".into());
     if !ARCHITECTURES.contains(&arch.as_str()) {
         return Err(format!(

@@ -29,6 +29,8 @@ pub fn vocab_tokens() -> Vec<String> {
     chars.sort();
     let mut tokens: Vec<String> = chars.into_iter().map(String::from).collect();
     tokens.extend(SPECIALS.iter().map(|s| s.to_string()));
+    // The one merge of the GGUF tokenizer ("a b") needs its result in the vocabulary.
+    tokens.push("ab".to_string());
     tokens
 }
 
@@ -41,7 +43,10 @@ pub fn weights(shape: &[usize], seed: u64, scale: f32) -> Tensor {
     let n: usize = shape.iter().product();
     let data: Vec<f32> = (0..n)
         .map(|i| {
-            let x = ((i as u64).wrapping_mul(2654435761).wrapping_add(seed * 97_531)) % 10_007;
+            let x = ((i as u64)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed * 97_531))
+                % 10_007;
             (x as f32 / 10_007.0 * 2.0 - 1.0) * scale
         })
         .collect();
@@ -52,8 +57,14 @@ pub fn weights(shape: &[usize], seed: u64, scale: f32) -> Tensor {
 pub fn hf_tensors() -> Vec<(String, Tensor)> {
     let d = HIDDEN / HEADS;
     let mut t = vec![
-        ("model.embed_tokens.weight".to_string(), weights(&[vocab_size(), HIDDEN], 1, 0.5)),
-        ("model.norm.weight".to_string(), weights(&[HIDDEN], 2, 0.2).affine(1.0, 1.0).unwrap()),
+        (
+            "model.embed_tokens.weight".to_string(),
+            weights(&[vocab_size(), HIDDEN], 1, 0.5),
+        ),
+        (
+            "model.norm.weight".to_string(),
+            weights(&[HIDDEN], 2, 0.2).affine(1.0, 1.0).unwrap(),
+        ),
     ];
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}");
@@ -81,11 +92,17 @@ pub fn tokenizer() -> Tokenizer {
         .enumerate()
         .map(|(i, t)| (t, i as u32))
         .collect();
-    let bpe = BPE::builder().vocab_and_merges(vocab, vec![]).build().unwrap();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, vec![])
+        .build()
+        .unwrap();
     let mut tok = Tokenizer::new(bpe);
     tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tok.with_decoder(Some(ByteLevel::default()));
-    let specials: Vec<AddedToken> = SPECIALS.iter().map(|s| AddedToken::from(*s, true)).collect();
+    let specials: Vec<AddedToken> = SPECIALS
+        .iter()
+        .map(|s| AddedToken::from(*s, true))
+        .collect();
     tok.add_special_tokens(specials).unwrap();
     tok
 }
@@ -162,7 +179,7 @@ fn gguf_tensor_name(hf: &str) -> String {
 pub fn write_gguf(path: &Path, arch: &str) -> PathBuf {
     let tokens = vocab_tokens();
     let types: Vec<Value> = (0..tokens.len())
-        .map(|i| Value::I32(if i >= 256 { 3 } else { 1 }))
+        .map(|i| Value::I32(if (256..259).contains(&i) { 3 } else { 1 }))
         .collect();
     let s = |v: &str| Value::String(v.to_string());
     let u = |v: usize| Value::U32(v as u32);
@@ -174,10 +191,16 @@ pub fn write_gguf(path: &Path, arch: &str) -> PathBuf {
         (format!("{arch}.attention.head_count"), u(HEADS)),
         (format!("{arch}.attention.head_count_kv"), u(KV_HEADS)),
         (format!("{arch}.rope.freq_base"), Value::F32(10000.0)),
-        (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        ),
         (format!("{arch}.context_length"), u(256)),
         ("tokenizer.ggml.model".into(), s("gpt2")),
-        ("tokenizer.ggml.tokens".into(), Value::Array(tokens.iter().map(|t| s(t)).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.iter().map(|t| s(t)).collect()),
+        ),
         ("tokenizer.ggml.merges".into(), Value::Array(vec![s("a b")])),
         ("tokenizer.ggml.token_type".into(), Value::Array(types)),
         ("tokenizer.ggml.eos_token_id".into(), u(258)),
@@ -187,12 +210,17 @@ pub fn write_gguf(path: &Path, arch: &str) -> PathBuf {
     let qtensors: Vec<(String, QTensor)> = hf_tensors()
         .into_iter()
         .map(|(n, t)| {
-            let dtype = if t.rank() == 1 { GgmlDType::F32 } else { GgmlDType::Q8_0 };
+            let dtype = if t.rank() == 1 {
+                GgmlDType::F32
+            } else {
+                GgmlDType::Q8_0
+            };
             (gguf_tensor_name(&n), QTensor::quantize(&t, dtype).unwrap())
         })
         .collect();
     let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensor_refs: Vec<(&str, &QTensor)> = qtensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> =
+        qtensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(path).unwrap();
     gguf_file::write(&mut file, &meta_refs, &tensor_refs).unwrap();
     path.to_path_buf()
