@@ -114,11 +114,25 @@ impl Backend for Candle {
 
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
         let mut cache = self.cache.lock().map_err(poisoned)?;
-        *cache = CacheState::default();
+        let warned_half = cache.warned_half;
+        *cache = CacheState {
+            warned_half,
+            ..CacheState::default()
+        };
         if settings.enabled {
-            self.logger.warn(
+            self.logger.debug(
                 "this build of the candle plugin has no prefix cache yet; prompts are computed in full",
             );
+            let device = self.settings.device()?;
+            let half = self.settings.dtype_on(&device)? != candle_core::DType::F32;
+            if half && !cache.warned_half {
+                cache.warned_half = true;
+                self.logger.warn(
+                    "prefix cache with half-precision compute: a cached prefix rounds differently \
+                     from one full pass, so logprobs can differ slightly; set dtype = \"float32\" \
+                     for identical results",
+                );
+            }
         }
         Ok(())
     }
@@ -189,7 +203,6 @@ impl Candle {
             stats.kv_cache_reused_tokens += u64::from(cached);
             stats.kv_cache_hits += u64::from(on && cached > 0);
             stats.kv_cache_misses += u64::from(on && cached == 0);
-            let _ = cache.warned_half;
         }
     }
 }

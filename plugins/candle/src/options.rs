@@ -51,8 +51,8 @@ pub fn specs() -> Vec<OptionSpec> {
             "weights",
             WeightFormat::CHOICES,
             "auto",
-            "Linear-layer format: auto (quantized GGUF on CPU: f32 for prefill, Q8_0 for decode), \
-             as_stored, f32, q8_0, q4_0.",
+            "Linear-layer format: auto (quantized GGUF on CPU: f32; else as stored), as_stored, \
+             f32, q8_0, q4_0, mixed (f32 prefill + Q8_0 decode).",
         ),
         OptionSpec::new(
             "attn_implementation",

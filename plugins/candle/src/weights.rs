@@ -40,9 +40,13 @@ impl Weight {
 /// Option `weights`: which format(s) linear layers compute in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
-    /// Dense in the compute dtype for prefill, Q8_0 for decode (quantized checkpoints on CPU);
+    /// Quantized checkpoints on CPU: dense f32 (candle's quantized CPU kernels quantize the
+    /// activations too, which moves SmolLM2's logits by up to ~1.4 and changes its greedy answers);
     /// the stored format elsewhere.
     Auto,
+    /// Dense in the compute dtype for prefill, Q8_0 for decode: fastest decode, but generate's
+    /// logprobs then differ from score's by the Q8_0 error.
+    Mixed,
     /// As the checkpoint stores them (quantized stays quantized).
     AsStored,
     /// Dense in the compute dtype.
@@ -54,7 +58,8 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    pub const CHOICES: &'static [&'static str] = &["auto", "as_stored", "f32", "q8_0", "q4_0"];
+    pub const CHOICES: &'static [&'static str] =
+        &["auto", "as_stored", "f32", "q8_0", "q4_0", "mixed"];
 
     pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
@@ -63,6 +68,7 @@ impl WeightFormat {
             "f32" | "dense" => WeightFormat::Dense,
             "q8_0" => WeightFormat::Q8_0,
             "q4_0" => WeightFormat::Q4_0,
+            "mixed" => WeightFormat::Mixed,
             _ => return None,
         })
     }
@@ -99,9 +105,8 @@ impl Linear {
         let dense = |w: &Weight| w.dense(dtype).map(QMatMul::Tensor);
         let quantized = matches!(w, Weight::Quantized(_)) && dtype == DType::F32;
         let (prefill, decode) = match format {
-            WeightFormat::Auto if quantized && w.is_cpu() => {
-                (dense(&w)?, Some(requantize(&w, GgmlDType::Q8_0)?))
-            }
+            WeightFormat::Auto if quantized && w.is_cpu() => (dense(&w)?, None),
+            WeightFormat::Mixed => (dense(&w)?, Some(requantize(&w, GgmlDType::Q8_0)?)),
             WeightFormat::Auto | WeightFormat::AsStored => match w {
                 Weight::Dense(t) => (QMatMul::Tensor(t.to_dtype(dtype)?), None),
                 Weight::Quantized(q) => (QMatMul::from_qtensor(q)?, None),

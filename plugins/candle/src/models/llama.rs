@@ -116,7 +116,8 @@ impl LlamaConfig {
                 "num_attention_heads {h} must be a positive multiple of num_key_value_heads {kvh}"
             ));
         }
-        if self.head_dim() % 2 != 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 {
+        if !self.head_dim().is_multiple_of(2) || self.num_hidden_layers == 0 || self.vocab_size == 0
+        {
             return Err(format!(
                 "head_dim {} must be even, layers {} and vocab {} positive",
                 self.head_dim(),
