@@ -313,3 +313,70 @@ fn unreachable_hub_names_id_and_cache() {
         "{err}"
     );
 }
+
+/// A one-entry store: enough to check the prefix-cache hook (the real cache is issue 4's).
+#[derive(Default)]
+struct LastPrompt {
+    entry: Option<(Vec<u32>, lmhost_candle::kv::KvState)>,
+    lookups: usize,
+}
+
+impl lmhost_candle::engine::PrefixStore for LastPrompt {
+    fn lookup(&mut self, tokens: &[u32]) -> Option<(lmhost_candle::kv::KvState, usize)> {
+        self.lookups += 1;
+        let (stored, state) = self.entry.as_ref()?;
+        let n = stored
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let n = n.min(tokens.len() - 1);
+        let mut state = state.clone();
+        state.crop(n).ok()?;
+        (n > 0).then_some((state, n))
+    }
+
+    fn store(&mut self, tokens: &[u32], state: lmhost_candle::kv::KvState) {
+        assert_eq!(
+            tokens.len(),
+            state.len(),
+            "stored state must cover exactly its tokens"
+        );
+        self.entry = Some((tokens.to_vec(), state));
+    }
+}
+
+#[test]
+fn prefix_hook_reuses_states_without_changing_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let b = backend(&path, json!({"weights": "f32"}));
+    let engine = b.engine().unwrap();
+    let a = ConversationSnapshot::from_prompt("shared words then branch A");
+    let other = ConversationSnapshot::from_prompt("shared words then the other branch");
+    let mut store = LastPrompt::default();
+    let plain_a = engine.generate(&a, &greedy(5), None).unwrap();
+    let plain_other = engine.score(&other, "a reply", None).unwrap();
+    let first = engine.generate(&a, &greedy(5), Some(&mut store)).unwrap();
+    assert_eq!(first.cached_prompt_tokens, 0);
+    // B branches off A's stored state; then A again must be unaffected by B's decoding.
+    let branched = engine.score(&other, "a reply", Some(&mut store)).unwrap();
+    assert!(
+        branched.cached_prompt_tokens > 5,
+        "{}",
+        branched.cached_prompt_tokens
+    );
+    let again = engine.generate(&a, &greedy(5), Some(&mut store)).unwrap();
+    assert!(again.cached_prompt_tokens > 5);
+    assert_eq!(store.lookups, 3);
+    for (x, y) in [(&plain_a, &first), (&plain_a, &again)] {
+        assert_eq!(x.token_ids, y.token_ids);
+        let d = max_diff(&[x.logprobs.to_vec()], &[y.logprobs.to_vec()]);
+        assert!(d <= 1e-5, "cached generate differs by {d}");
+    }
+    let d = max_diff(
+        &[plain_other.logprobs.to_vec()],
+        &[branched.logprobs.to_vec()],
+    );
+    assert!(d <= 1e-5, "cached score differs by {d}");
+}
