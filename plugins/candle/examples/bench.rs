@@ -1,7 +1,8 @@
 //! Prefill and decode speed on SmolLM2 per weight format and thread count, next to
 //! candle-transformers' `quantized_llama` on the same prompt. Prints figures; asserts nothing.
 //!
-//! `cargo run --release --example bench` (after `scripts/fetch-models`).
+//! `cargo run --release --example bench` (after `scripts/fetch-models`). On a busy machine
+//! `BENCH_PREFILL=128 BENCH_THREADS=all` shortens it (chunks larger than the prefill are skipped).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -15,9 +16,27 @@ use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{Backend, PluginContext};
 
-const CHUNKS: [usize; 3] = [32, 128, 512];
-const PREFILL: usize = 512;
+const ALL_CHUNKS: [usize; 3] = [32, 128, 512];
 const DECODE: usize = 32;
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_string())
+}
+
+fn prefill_len() -> usize {
+    env_or("BENCH_PREFILL", "512")
+        .parse()
+        .unwrap_or(512)
+        .max(32)
+}
+
+fn chunks() -> Vec<usize> {
+    ALL_CHUNKS
+        .iter()
+        .copied()
+        .filter(|&c| c <= prefill_len())
+        .collect()
+}
 
 fn model_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -37,16 +56,16 @@ fn ours(weights: &str, ids: &[u32]) -> anyhow::Result<Figures> {
     let engine = backend.engine()?;
     let model = &engine.loaded.model;
     let mut prefill = Vec::new();
-    for chunk in CHUNKS {
+    for chunk in chunks() {
         let mut kv = model.new_state();
         let start = Instant::now();
-        for part in ids[..PREFILL].chunks(chunk) {
+        for part in ids[..prefill_len()].chunks(chunk) {
             model.forward(part, &mut kv, Logits::Last, false)?;
         }
-        prefill.push(PREFILL as f64 / start.elapsed().as_secs_f64());
+        prefill.push(prefill_len() as f64 / start.elapsed().as_secs_f64());
     }
     let mut kv = model.new_state();
-    let out = model.forward(&ids[..128], &mut kv, Logits::Last, false)?;
+    let out = model.forward(&ids[..prefill_len().min(128)], &mut kv, Logits::Last, false)?;
     let mut next = argmax(&out.logits.unwrap().to_vec2::<f32>()?[0]);
     let start = Instant::now();
     for _ in 0..DECODE {
@@ -67,20 +86,20 @@ fn reference(ids: &[u32]) -> anyhow::Result<Figures> {
     };
     let input = |ids: &[u32]| Tensor::new(ids, &Device::Cpu).and_then(|t| t.unsqueeze(0));
     let mut prefill = Vec::new();
-    for chunk in CHUNKS {
+    for chunk in chunks() {
         let mut model = load()?;
         let start = Instant::now();
-        for (i, part) in ids[..PREFILL].chunks(chunk).enumerate() {
+        for (i, part) in ids[..prefill_len()].chunks(chunk).enumerate() {
             model.forward(&input(part)?, i * chunk)?;
         }
-        prefill.push(PREFILL as f64 / start.elapsed().as_secs_f64());
+        prefill.push(prefill_len() as f64 / start.elapsed().as_secs_f64());
     }
     let mut model = load()?;
-    let logits = model.forward(&input(&ids[..128])?, 0)?;
+    let logits = model.forward(&input(&ids[..prefill_len().min(128)])?, 0)?;
     let mut next = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
     let start = Instant::now();
     for i in 0..DECODE {
-        let logits = model.forward(&input(&[next])?, 128 + i)?;
+        let logits = model.forward(&input(&[next])?, prefill_len().min(128) + i)?;
         next = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
     }
     Ok(Figures {
@@ -110,12 +129,31 @@ fn main() -> anyhow::Result<()> {
     let context = PluginContext::new("candle", &model_path().to_string_lossy());
     let tokenizer_host = Candle::new(context)?;
     let ids = tokenizer_host.engine()?.encode(&text.repeat(60), false)?;
-    anyhow::ensure!(ids.len() >= PREFILL, "prompt too short: {}", ids.len());
+    anyhow::ensure!(
+        ids.len() >= prefill_len(),
+        "prompt too short: {}",
+        ids.len()
+    );
     let all = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    println!("tokens/s, prefill of {PREFILL} tokens in chunks {CHUNKS:?}, decode of {DECODE} after 128; (ratio to quantized_llama)");
-    for threads in [1, all] {
+    println!(
+        "tokens/s, prefill of {} tokens in chunks {:?}, decode of {DECODE} after {}; (ratio to quantized_llama)",
+        prefill_len(),
+        chunks(),
+        prefill_len().min(128)
+    );
+    let threads: Vec<usize> = env_or("BENCH_THREADS", "1,all")
+        .split(',')
+        .map(|t| {
+            if t == "all" {
+                all
+            } else {
+                t.parse().unwrap_or(1)
+            }
+        })
+        .collect();
+    for threads in threads {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()?;

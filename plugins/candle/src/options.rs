@@ -65,7 +65,8 @@ pub fn specs() -> Vec<OptionSpec> {
             &classes,
             "auto",
             "Architecture; auto reads config.json's model_type or the GGUF architecture. \
-             Tensor-parallel plan (llama): q/k/v/gate/up colwise, o/down rowwise.",
+             Plans (llama): tensor-parallel q/k/v/gate/up colwise, o/down rowwise; \
+             pipeline embed_tokens -> layers -> norm.",
         ),
         OptionSpec::new(
             "threads",
