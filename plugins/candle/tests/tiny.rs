@@ -380,3 +380,32 @@ fn prefix_hook_reuses_states_without_changing_results() {
     );
     assert!(d <= 1e-5, "cached score differs by {d}");
 }
+
+#[test]
+fn qwen2_loads_its_qkv_biases_and_they_matter() {
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_safetensors(&dir.path().join("q"), DType::F32, 1);
+    let reference = logits(&backend(&model, json!({})), "bias check");
+    let mut config = common::hf_config();
+    config["model_type"] = json!("qwen2");
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let err = load_error(&model, json!({}));
+    assert!(err.message.contains("self_attn.q_proj.bias"), "{err}");
+    let mut tensors: HashMap<String, candle_core::Tensor> =
+        common::hf_tensors().into_iter().collect();
+    let d = common::HIDDEN / common::HEADS;
+    for l in 0..common::LAYERS {
+        for (proj, heads) in [
+            ("q", common::HEADS),
+            ("k", common::KV_HEADS),
+            ("v", common::KV_HEADS),
+        ] {
+            let name = format!("model.layers.{l}.self_attn.{proj}_proj.bias");
+            tensors.insert(name, common::weights(&[heads * d], 40 + l as u64, 0.5));
+        }
+    }
+    candle_core::safetensors::save(&tensors, model.join("model.safetensors")).unwrap();
+    let biased = logits(&backend(&model, json!({})), "bias check");
+    assert!(max_diff(&reference, &biased) > 1e-3, "biases had no effect");
+}
