@@ -171,6 +171,16 @@ fn logits_match_candle_transformers_quantized_llama() {
         "f32 vs as_stored: max |Δlogit| = {:e}",
         max_abs_diff(&f32_last, ours_last)
     );
+    for weights in ["q8_0", "q4_0"] {
+        let engine = open(json!({ "weights": weights })).engine().unwrap();
+        let last = engine.logits_all(&ids).unwrap().pop().unwrap();
+        let diff = max_abs_diff(&f32_last, &last);
+        println!("f32 vs {weights} (requantized at load): max |Δlogit| = {diff:e}");
+        assert!(
+            diff.is_finite() && diff > 0.0,
+            "{weights} should differ from f32"
+        );
+    }
 }
 
 /// llama.cpp permutes q/k rows for interleaved RoPE; undo it for a halves-RoPE model.
