@@ -1,9 +1,280 @@
 //! `candle`: local causal language models on Hugging Face's candle.
+//!
+//! The backend loads its model lazily (first call, once, under a lock), then serves calls from
+//! many threads at once: weights are shared and immutable, each call has its own KV state. The
+//! optional prefix cache is the one piece of shared mutable state, behind its own lock.
 
+pub mod attention;
 pub mod audio_backend;
+pub mod engine;
 pub mod kv;
 pub mod models;
+pub mod options;
 pub mod processor;
-pub mod speech_plugin;
+pub mod prompt;
+pub mod sampling;
+pub mod source;
+pub mod weights;
 
-lmhost_plugin_api::export_plugin!(speech_plugin::CandleSpeech);
+use std::sync::{Arc, Mutex};
+
+use lmhost_plugin_api::{
+    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
+    GenerationRecord, KvCacheSettings, Logger, OptionSpec, PluginContext, PluginError, ScoreRecord,
+};
+
+use crate::audio_backend::AudioBackend;
+use crate::engine::{Engine, PrefixStore};
+use crate::models::llama::BuildOptions;
+use crate::options::Settings;
+
+pub struct Candle {
+    model_id: String,
+    settings: Settings,
+    logger: Logger,
+    pool: rayon::ThreadPool,
+    engine: Mutex<Option<Arc<Engine>>>,
+    cache: Mutex<CacheState>,
+    /// `Some` when the model is a speech model (the processor path, see `audio_backend`).
+    speech: Option<Speech>,
+}
+
+/// The processor path: loaded on first use, one call at a time.
+struct Speech {
+    options: lmhost_plugin_api::serde_json::Map<String, lmhost_plugin_api::serde_json::Value>,
+    backend: Mutex<Option<AudioBackend>>,
+}
+
+#[derive(Default)]
+struct CacheState {
+    /// TODO(prefix cache, issue 4): `PrefixCache::new(max_entries, max_bytes)` from
+    /// `prefix_cache.rs` once merged (it implements [`PrefixStore`]); `None` runs without one.
+    store: Option<Box<dyn PrefixStore>>,
+    stats: BackendStats,
+    warned_half: bool,
+}
+
+impl Backend for Candle {
+    const NAME: &'static str = "candle";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+
+    fn options() -> Vec<OptionSpec> {
+        options::specs()
+    }
+
+    fn new(context: PluginContext) -> Result<Self, PluginError> {
+        let options = context.options()?;
+        let settings = Settings::parse(&options)?;
+        let model_id = context.model_id.to_string();
+        // `model_class` decides; `auto` asks the checkpoint (config.json or model.bin).
+        let speech = match settings.model_class.as_deref() {
+            Some("whisper") => true,
+            Some(_) => false,
+            None => models::whisper::detect(std::path::Path::new(&model_id)),
+        }
+        .then(|| Speech {
+            options,
+            backend: Mutex::new(None),
+        });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(settings.threads)
+            .build()
+            .map_err(|e| PluginError::config(format!("option `threads`: {e}")))?;
+        Ok(Candle {
+            model_id,
+            speech,
+            settings,
+            logger: context.logger.clone(),
+            pool,
+            engine: Mutex::new(None),
+            cache: Mutex::default(),
+        })
+    }
+
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            returns_logprobs: true,
+            scores_continuations: true,
+            audio_input: self.speech.is_some(),
+            prefix_cache: false,
+            embeddings: true,
+        }
+    }
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord, PluginError> {
+        config.validate()?;
+        if let Some(record) = self.speech(|audio| audio.generate(snapshot, config))? {
+            self.count(record.prompt_tokens, 0, record.token_ids.len());
+            return Ok(record);
+        }
+        self.refuse_audio(snapshot)?;
+        let engine = self.engine()?;
+        let record = self.with_store(|store| {
+            self.pool
+                .install(|| engine.generate(snapshot, config, store))
+        })?;
+        self.count(
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            record.token_ids.len(),
+        );
+        Ok(record)
+    }
+
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
+        if let Some(record) = self.speech(|audio| audio.score(snapshot, reply))? {
+            self.count(record.prompt_tokens, 0, 0);
+            return Ok(record);
+        }
+        self.refuse_audio(snapshot)?;
+        let engine = self.engine()?;
+        let record =
+            self.with_store(|store| self.pool.install(|| engine.score(snapshot, reply, store)))?;
+        self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
+        Ok(record)
+    }
+
+    fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
+        let mut cache = self.cache.lock().map_err(poisoned)?;
+        let warned_half = cache.warned_half;
+        *cache = CacheState {
+            warned_half,
+            ..CacheState::default()
+        };
+        if settings.enabled {
+            self.logger.debug(
+                "this build of the candle plugin has no prefix cache yet; prompts are computed in full",
+            );
+            let device = self.settings.device()?;
+            let half = self.settings.dtype_on(&device)? != candle_core::DType::F32;
+            if half && !cache.warned_half {
+                cache.warned_half = true;
+                self.logger.warn(
+                    "prefix cache with half-precision compute: a cached prefix rounds differently \
+                     from one full pass, so logprobs can differ slightly; set dtype = \"float32\" \
+                     for identical results",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.cache.lock().map(|c| c.stats).unwrap_or_default()
+    }
+}
+
+impl Candle {
+    /// Runs `f` on the speech model when this backend is one (loading it on first use), else
+    /// returns `None`. Audio prompts never reach the prefix cache: they are not token prefixes.
+    fn speech<T: Send>(
+        &self,
+        f: impl FnOnce(&mut AudioBackend) -> Result<T, PluginError> + Send,
+    ) -> Result<Option<T>, PluginError> {
+        let Some(speech) = &self.speech else {
+            return Ok(None);
+        };
+        let mut slot = speech.backend.lock().map_err(poisoned)?;
+        if slot.is_none() {
+            let dir = std::path::Path::new(&self.model_id);
+            *slot = Some(AudioBackend::load(&self.model_id, dir, &speech.options)?);
+        }
+        match slot.as_mut() {
+            Some(audio) => self.pool.install(|| f(audio)).map(Some),
+            None => Err(PluginError::internal("speech model missing after loading")),
+        }
+    }
+
+    /// Audio sent to the causal-LM path is refused, naming the model.
+    fn refuse_audio(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
+        if snapshot.has_audio() {
+            return Err(PluginError::invalid_input(format!(
+                "audio snapshots need an audio model; `{}` loaded as a text-only causal \
+                 language model (set `model_class = \"whisper\"` for a Whisper checkpoint)",
+                self.model_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// The engine, loading the model on first use (once: the lock is held while loading).
+    pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
+        let mut slot = self.engine.lock().map_err(poisoned)?;
+        if let Some(engine) = slot.as_ref() {
+            return Ok(engine.clone());
+        }
+        let engine = Arc::new(self.pool.install(|| self.load())?);
+        *slot = Some(engine.clone());
+        Ok(engine)
+    }
+
+    fn load(&self) -> Result<Engine, PluginError> {
+        let s = &self.settings;
+        let device = s.device()?;
+        let dtype = s.dtype_on(&device)?;
+        let attention = attention::resolve(&s.attn_implementation).map_err(PluginError::config)?;
+        let build = BuildOptions {
+            dtype,
+            device,
+            format: s.weights,
+            attention,
+            max_context: if s.max_context == 0 {
+                usize::MAX
+            } else {
+                s.max_context
+            },
+        };
+        let loaded = source::load(&self.model_id, &s.revision, s.model_class.as_deref(), build)?;
+        Engine::new(loaded, s.max_context)
+    }
+
+    /// Runs `f` with the prefix store, if one is on. The store lock is held for the call, so
+    /// cached calls run one at a time; uncached calls run concurrently.
+    fn with_store<T>(
+        &self,
+        f: impl FnOnce(Option<&mut dyn PrefixStore>) -> Result<T, PluginError>,
+    ) -> Result<T, PluginError> {
+        let mut cache = self.cache.lock().map_err(poisoned)?;
+        if cache.store.is_none() {
+            drop(cache);
+            return f(None);
+        }
+        match cache.store.as_mut() {
+            Some(store) => {
+                let store: &mut dyn PrefixStore = &mut **store;
+                f(Some(store))
+            }
+            None => f(None),
+        }
+    }
+
+    fn count(&self, prompt: u32, cached: u32, generated: usize) {
+        if let Ok(mut cache) = self.cache.lock() {
+            let on = cache.store.is_some();
+            let stats = &mut cache.stats;
+            stats.prompt_tokens += u64::from(prompt);
+            stats.generated_tokens += generated as u64;
+            stats.kv_cache_reused_tokens += u64::from(cached);
+            stats.kv_cache_hits += u64::from(on && cached > 0);
+            stats.kv_cache_misses += u64::from(on && cached == 0);
+        }
+    }
+}
+
+fn poisoned<T>(_: T) -> PluginError {
+    PluginError::internal("candle backend lock poisoned by an earlier panic")
+}
+
+export_plugin!(Candle);
