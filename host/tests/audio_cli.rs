@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-const SPOKEN: &str = "The weather today is sunny with a light breeze from the west.";
+const SPOKEN: &str = "We will meet at the library on Monday morning to discuss the new project.";
 
 fn lmhost(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lmhost"))
