@@ -7,6 +7,14 @@
 //! ]}
 //! ```
 //! A turn ends after each assistant message, so earlier exchanges become earlier turns.
+//!
+//! Audio parts name a WAV file relative to the conversation file, or carry base64 PCM inline
+//! (see [`crate::audio`] for the formats):
+//! ```json
+//! {"type": "audio", "path": "clip.wav"}
+//! {"type": "audio", "pcm_base64": "AAD/fw==", "sample_rate": 16000}
+//! {"type": "audio", "pcm_base64": "...", "sample_rate": 48000, "format": "f32le", "channels": 2}
+//! ```
 
 use std::path::Path;
 
@@ -14,6 +22,7 @@ use lmhost_plugin_api::abi_stable::std_types::RVec;
 use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, Turn};
 use serde::Deserialize;
 
+use crate::audio;
 use crate::error::{Error, Result};
 
 #[derive(Debug, Deserialize)]
@@ -39,7 +48,68 @@ enum Content {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 enum FilePart {
-    Text { text: String },
+    Text {
+        text: String,
+    },
+    Audio {
+        path: Option<String>,
+        pcm_base64: Option<String>,
+        sample_rate: Option<u32>,
+        format: Option<String>,
+        channels: Option<u16>,
+    },
+}
+
+impl FilePart {
+    /// The part for a backend; audio is decoded, `path` is relative to `base`.
+    fn into_part(self, base: &Path, source: &Path) -> Result<Part> {
+        let invalid = |message: &str| Error::Conversation {
+            path: source.to_path_buf(),
+            message: message.into(),
+        };
+        match self {
+            FilePart::Text { text } => Ok(Part::text(text)),
+            FilePart::Audio {
+                path: Some(file),
+                pcm_base64: None,
+                sample_rate: None,
+                format: None,
+                channels: None,
+            } => Ok(Part::Audio {
+                audio: audio::read_wav(&base.join(file))?,
+            }),
+            FilePart::Audio {
+                path: None,
+                pcm_base64: Some(data),
+                sample_rate: Some(rate),
+                format,
+                channels,
+            } => Ok(Part::Audio {
+                audio: audio::decode_pcm_base64(
+                    &data,
+                    rate,
+                    format.as_deref().unwrap_or("s16le"),
+                    channels.unwrap_or(1),
+                    source,
+                )?,
+            }),
+            FilePart::Audio { path: Some(_), .. } => Err(invalid(
+                "an audio part with `path` takes no other field; `sample_rate`, `format` and \
+                 `channels` come from the WAV file",
+            )),
+            FilePart::Audio {
+                pcm_base64: Some(_),
+                ..
+            } => Err(invalid(
+                "an audio part with `pcm_base64` needs `sample_rate` (Hz); `format` \
+                 (\"s16le\" or \"f32le\", default \"s16le\") and `channels` (default 1) are optional",
+            )),
+            FilePart::Audio { .. } => Err(invalid(
+                "an audio part needs `path` (a WAV file relative to this file) or `pcm_base64` \
+                 with `sample_rate`",
+            )),
+        }
+    }
 }
 
 /// Reads a conversation file.
@@ -69,16 +139,24 @@ pub fn parse(text: &str, path: &Path) -> Result<ConversationSnapshot> {
             "`messages` is empty; a conversation needs at least one message".into(),
         ));
     }
-    let messages = file.messages.into_iter().map(|m| Message {
-        role: m.role,
-        parts: match m.content {
-            Content::Text(text) => RVec::from(vec![Part::text(text)]),
-            Content::Parts(parts) => parts
-                .into_iter()
-                .map(|FilePart::Text { text }| Part::text(text))
-                .collect(),
-        },
-    });
+    let base = path.parent().unwrap_or(Path::new("."));
+    let messages = file
+        .messages
+        .into_iter()
+        .map(|m| {
+            let parts = match m.content {
+                Content::Text(text) => RVec::from(vec![Part::text(text)]),
+                Content::Parts(parts) => parts
+                    .into_iter()
+                    .map(|p| p.into_part(base, path))
+                    .collect::<Result<RVec<Part>>>()?,
+            };
+            Ok(Message {
+                role: m.role,
+                parts,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     ConversationSnapshot::new(group_turns(messages)).map_err(|e| invalid(e.message.into_string()))
 }
 

@@ -24,6 +24,11 @@ pub enum Error {
     #[error("{}: {message}", path.display())]
     Conversation { path: PathBuf, message: String },
 
+    /// Bad audio in a conversation (not WAV, corrupt, empty, too long); `path` is the audio file,
+    /// or the conversation file for inline PCM.
+    #[error("{}: {message}", path.display())]
+    Audio { path: PathBuf, message: String },
+
     #[error("no plugin named `{name}`; {}", SearchReport(searched, found))]
     PluginNotFound {
         name: String,
@@ -57,10 +62,11 @@ pub enum Error {
 }
 
 impl Error {
-    /// The plugin error's stable kind, where there is one.
+    /// The stable kind, where there is one: a plugin error's own, `InvalidInput` for bad audio.
     pub fn plugin_kind(&self) -> Option<ErrorKind> {
         match self {
             Error::Plugin { source, .. } => Some(source.kind),
+            Error::Audio { .. } => Some(ErrorKind::InvalidInput),
             _ => None,
         }
     }

@@ -11,6 +11,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod audio;
 pub mod backend;
 pub mod config;
 pub mod conversation;

@@ -5,10 +5,12 @@
 //! optional prefix cache is the one piece of shared mutable state, behind its own lock.
 
 pub mod attention;
+pub mod audio_backend;
 pub mod engine;
 pub mod kv;
 pub mod models;
 pub mod options;
+pub mod processor;
 pub mod prompt;
 pub mod sampling;
 pub mod source;
@@ -21,6 +23,7 @@ use lmhost_plugin_api::{
     GenerationRecord, KvCacheSettings, Logger, OptionSpec, PluginContext, PluginError, ScoreRecord,
 };
 
+use crate::audio_backend::AudioBackend;
 use crate::engine::{Engine, PrefixStore};
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
@@ -32,6 +35,14 @@ pub struct Candle {
     pool: rayon::ThreadPool,
     engine: Mutex<Option<Arc<Engine>>>,
     cache: Mutex<CacheState>,
+    /// `Some` when the model is a speech model (the processor path, see `audio_backend`).
+    speech: Option<Speech>,
+}
+
+/// The processor path: loaded on first use, one call at a time.
+struct Speech {
+    options: lmhost_plugin_api::serde_json::Map<String, lmhost_plugin_api::serde_json::Value>,
+    backend: Mutex<Option<AudioBackend>>,
 }
 
 #[derive(Default)]
@@ -52,13 +63,26 @@ impl Backend for Candle {
     }
 
     fn new(context: PluginContext) -> Result<Self, PluginError> {
-        let settings = Settings::parse(&context.options()?)?;
+        let options = context.options()?;
+        let settings = Settings::parse(&options)?;
+        let model_id = context.model_id.to_string();
+        // `model_class` decides; `auto` asks the checkpoint (config.json or model.bin).
+        let speech = match settings.model_class.as_deref() {
+            Some("whisper") => true,
+            Some(_) => false,
+            None => models::whisper::detect(std::path::Path::new(&model_id)),
+        }
+        .then(|| Speech {
+            options,
+            backend: Mutex::new(None),
+        });
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(settings.threads)
             .build()
             .map_err(|e| PluginError::config(format!("option `threads`: {e}")))?;
         Ok(Candle {
-            model_id: context.model_id.to_string(),
+            model_id,
+            speech,
             settings,
             logger: context.logger.clone(),
             pool,
@@ -75,7 +99,7 @@ impl Backend for Candle {
         Capabilities {
             returns_logprobs: true,
             scores_continuations: true,
-            audio_input: false,
+            audio_input: self.speech.is_some(),
             prefix_cache: false,
             embeddings: true,
         }
@@ -87,6 +111,11 @@ impl Backend for Candle {
         config: &GenerationConfig,
     ) -> Result<GenerationRecord, PluginError> {
         config.validate()?;
+        if let Some(record) = self.speech(|audio| audio.generate(snapshot, config))? {
+            self.count(record.prompt_tokens, 0, record.token_ids.len());
+            return Ok(record);
+        }
+        self.refuse_audio(snapshot)?;
         let engine = self.engine()?;
         let record = self.with_store(|store| {
             self.pool
@@ -105,6 +134,11 @@ impl Backend for Candle {
         snapshot: &ConversationSnapshot,
         reply: &str,
     ) -> Result<ScoreRecord, PluginError> {
+        if let Some(record) = self.speech(|audio| audio.score(snapshot, reply))? {
+            self.count(record.prompt_tokens, 0, 0);
+            return Ok(record);
+        }
+        self.refuse_audio(snapshot)?;
         let engine = self.engine()?;
         let record =
             self.with_store(|store| self.pool.install(|| engine.score(snapshot, reply, store)))?;
@@ -143,6 +177,38 @@ impl Backend for Candle {
 }
 
 impl Candle {
+    /// Runs `f` on the speech model when this backend is one (loading it on first use), else
+    /// returns `None`. Audio prompts never reach the prefix cache: they are not token prefixes.
+    fn speech<T: Send>(
+        &self,
+        f: impl FnOnce(&mut AudioBackend) -> Result<T, PluginError> + Send,
+    ) -> Result<Option<T>, PluginError> {
+        let Some(speech) = &self.speech else {
+            return Ok(None);
+        };
+        let mut slot = speech.backend.lock().map_err(poisoned)?;
+        if slot.is_none() {
+            let dir = std::path::Path::new(&self.model_id);
+            *slot = Some(AudioBackend::load(&self.model_id, dir, &speech.options)?);
+        }
+        match slot.as_mut() {
+            Some(audio) => self.pool.install(|| f(audio)).map(Some),
+            None => Err(PluginError::internal("speech model missing after loading")),
+        }
+    }
+
+    /// Audio sent to the causal-LM path is refused, naming the model.
+    fn refuse_audio(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
+        if snapshot.has_audio() {
+            return Err(PluginError::invalid_input(format!(
+                "audio snapshots need an audio model; `{}` loaded as a text-only causal \
+                 language model (set `model_class = \"whisper\"` for a Whisper checkpoint)",
+                self.model_id
+            )));
+        }
+        Ok(())
+    }
+
     /// The engine, loading the model on first use (once: the lock is held while loading).
     pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
         let mut slot = self.engine.lock().map_err(poisoned)?;

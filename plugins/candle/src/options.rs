@@ -28,6 +28,7 @@ pub struct Settings {
 pub fn specs() -> Vec<OptionSpec> {
     let mut classes = vec!["auto"];
     classes.extend_from_slice(ARCHITECTURES);
+    classes.push("whisper");
     vec![
         OptionSpec::choice(
             "dtype",
@@ -81,6 +82,9 @@ pub fn specs() -> Vec<OptionSpec> {
             "Longest prompt + reply in tokens (0 = the model's context length).",
         ),
     ]
+    .into_iter()
+    .chain(crate::audio_backend::options())
+    .collect()
 }
 
 fn string(options: &Map<String, Value>, key: &str, default: &str) -> String {

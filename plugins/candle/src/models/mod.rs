@@ -6,6 +6,7 @@
 //! serves many threads at once, each with its own state.
 
 pub mod llama;
+pub mod whisper;
 
 use candle_core::{Result, Tensor};
 

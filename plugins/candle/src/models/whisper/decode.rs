@@ -1,0 +1,272 @@
+//! Transcription and scoring over encoded audio windows.
+//!
+//! Each 30 s window is decoded from the same prompt (`[<|startofprev|> text] <|startoftranscript|>
+//! <|notimestamps|>`) and the windows' tokens are concatenated. Token choice sees the model's
+//! suppressed tokens (never special tokens other than end of text; no blank or end of text first),
+//! greedy or sampled (temperature, top-k, top-p, seeded); the reported logprob of each token is
+//! the log-softmax of the *raw* logits, before suppression and warping, as the reference backend
+//! reports them.
+
+use candle_core::{Result, Tensor, D};
+use lmhost_plugin_api::{FinishReason, GenerationConfig};
+
+use super::model::{CrossKv, Whisper};
+use super::SpecialTokens;
+use crate::kv::KvState;
+
+/// What decoding produced, before detokenisation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    /// The generated ids of each window, in order (for embeddings).
+    pub per_window: Vec<Vec<u32>>,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+}
+
+/// Runs the encoder on each `n_mels x frames` window and projects it for cross-attention.
+pub fn encode(model: &Whisper, windows: &[Vec<f32>]) -> Result<Vec<CrossKv>> {
+    let n_mels = model.config.num_mel_bins;
+    windows
+        .iter()
+        .map(|mel| {
+            let frames = mel.len() / n_mels.max(1);
+            let device = model.decoder_device();
+            let mel = Tensor::from_slice(mel, (1, n_mels, frames), &device)?;
+            model.decoder.cross_kv(&model.encoder.forward(&mel)?)
+        })
+        .collect()
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_sum = max + sum.ln() as f32;
+    logits.iter().map(|&l| l - log_sum).collect()
+}
+
+/// A small seeded generator (SplitMix64): sampling is reproducible for a given seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Picks a token from suppressed logits: argmax at temperature 0, else a top-k/top-p sample.
+fn choose(logits: &[f32], config: &GenerationConfig, rng: &mut Rng) -> u32 {
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
+                if l > best.1 {
+                    (i, l)
+                } else {
+                    best
+                }
+            })
+            .0 as u32
+    };
+    if config.temperature <= 0.0 {
+        return argmax();
+    }
+    let mut ranked: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l / config.temperature))
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if config.top_k > 0 {
+        ranked.truncate(config.top_k as usize);
+    }
+    let max = ranked.first().map_or(0.0, |r| r.1);
+    let mut probs: Vec<f64> = ranked.iter().map(|r| f64::from(r.1 - max).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    let mut keep = probs.len();
+    let mut mass = 0.0;
+    for (i, p) in probs.iter().enumerate() {
+        mass += p;
+        if mass >= f64::from(config.top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    let kept: f64 = probs[..keep].iter().sum();
+    let mut draw = rng.next_f64() * kept;
+    for (i, p) in probs[..keep].iter().enumerate() {
+        draw -= p;
+        if draw <= 0.0 {
+            return ranked[i].0;
+        }
+    }
+    ranked
+        .get(keep.saturating_sub(1))
+        .map_or_else(argmax, |r| r.0)
+}
+
+impl Whisper {
+    fn decoder_device(&self) -> candle_core::Device {
+        self.decoder.device()
+    }
+
+    /// Raw logits of the last position of hidden states `(1, n, d)`.
+    fn last_logits(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+        let n = hidden.dim(1)?;
+        self.decoder
+            .logits(&hidden.narrow(1, n - 1, 1)?)?
+            .squeeze(0)?
+            .to_vec1::<f32>()
+    }
+
+    /// Sets never-allowed tokens (and, first, the begin-suppressed ones) to `-inf`.
+    fn suppress(&self, logits: &mut [f32], tokens: &SpecialTokens, first: bool) {
+        let cfg = &self.config;
+        let specials = (tokens.end_of_text as usize + 1)..logits.len();
+        let begin = if first {
+            &cfg.begin_suppress_tokens[..]
+        } else {
+            &[]
+        };
+        for i in specials
+            .chain(cfg.suppress_tokens.iter().map(|&t| t as usize))
+            .chain(begin.iter().map(|&t| t as usize))
+        {
+            if let Some(l) = logits.get_mut(i) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        if first {
+            if let Some(l) = logits.get_mut(tokens.end_of_text as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// Transcribes `windows` after the decoder prompt built from `previous`; `stop` sees the
+    /// ids so far and says whether a stop string was reached.
+    pub fn transcribe(
+        &self,
+        windows: &[CrossKv],
+        tokens: &SpecialTokens,
+        previous: &[u32],
+        config: &GenerationConfig,
+        mut stop: impl FnMut(&[u32]) -> bool,
+    ) -> Result<Decoded> {
+        let prompt = tokens.prompt(previous);
+        let max_ctx = self.config.max_target_positions;
+        let mut rng = Rng(config.seed);
+        let mut out = Decoded {
+            ids: Vec::new(),
+            logprobs: Vec::new(),
+            per_window: Vec::new(),
+            finish: FinishReason::Eos,
+            prompt_tokens: prompt.len(),
+        };
+        'windows: for cross in windows {
+            let mut kv = KvState::new(self.decoder.n_layers());
+            let mut logits = self.last_logits(&self.decoder.forward(&prompt, &mut kv, cross)?)?;
+            let mut window_ids = Vec::new();
+            loop {
+                if out.ids.len() >= config.max_new_tokens as usize {
+                    out.finish = FinishReason::Length;
+                    out.per_window.push(window_ids);
+                    break 'windows;
+                }
+                let raw = log_softmax(&logits);
+                self.suppress(&mut logits, tokens, window_ids.is_empty());
+                let token = choose(&logits, config, &mut rng);
+                if token == tokens.end_of_text {
+                    break;
+                }
+                out.ids.push(token);
+                out.logprobs.push(
+                    raw.get(token as usize)
+                        .copied()
+                        .unwrap_or(f32::NEG_INFINITY),
+                );
+                window_ids.push(token);
+                if stop(&out.ids) {
+                    out.finish = FinishReason::StopString;
+                    out.per_window.push(window_ids);
+                    break 'windows;
+                }
+                if kv.len() + 1 >= max_ctx {
+                    break; // The window's text fills the decoder's context; go on to the next.
+                }
+                logits = self.last_logits(&self.decoder.forward(&[token], &mut kv, cross)?)?;
+            }
+            out.per_window.push(window_ids);
+        }
+        Ok(out)
+    }
+
+    /// Teacher-forced hidden states `(1, len, d)` and raw logprobs of `ids` after the prompt.
+    pub fn force(
+        &self,
+        cross: &CrossKv,
+        tokens: &SpecialTokens,
+        previous: &[u32],
+        ids: &[u32],
+    ) -> Result<(Tensor, Vec<f32>)> {
+        let prompt = tokens.prompt(previous);
+        let mut all = prompt.clone();
+        all.extend_from_slice(ids);
+        if all.len() > self.config.max_target_positions {
+            candle_core::bail!(
+                "prompt and reply are {} tokens; the decoder takes at most {}",
+                all.len(),
+                self.config.max_target_positions
+            );
+        }
+        let mut kv = KvState::new(self.decoder.n_layers());
+        let hidden = self.decoder.forward(&all, &mut kv, cross)?;
+        let p = prompt.len();
+        // Position i predicts token i + 1.
+        let logits = self.decoder.logits(&hidden.narrow(1, p - 1, ids.len())?)?;
+        let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let index = Tensor::new(ids, logprobs.device())?.unsqueeze(1)?;
+        let picked = logprobs.gather(&index, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+        Ok((hidden.narrow(1, p, ids.len())?, picked))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_softmax_normalises() {
+        let l = log_softmax(&[1.0, 2.0, 3.0]);
+        let total: f32 = l.iter().map(|x| x.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!(l[2] > l[1] && l[1] > l[0]);
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax_and_sampling_respects_top_k() {
+        let logits = [0.0, 5.0, f32::NEG_INFINITY, 4.9];
+        let mut rng = Rng(7);
+        let greedy = GenerationConfig::default();
+        assert_eq!(choose(&logits, &greedy, &mut rng), 1);
+        let sample = GenerationConfig {
+            temperature: 1.0,
+            top_k: 2,
+            ..GenerationConfig::default()
+        };
+        let picks: Vec<u32> = (0..200)
+            .map(|_| choose(&logits, &sample, &mut rng))
+            .collect();
+        assert!(picks.iter().all(|&t| t == 1 || t == 3));
+        assert!(picks.contains(&1) && picks.contains(&3));
+    }
+}
