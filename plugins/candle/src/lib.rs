@@ -1,4 +1,202 @@
 //! `candle`: local causal language models on Hugging Face's candle.
+//!
+//! The backend loads its model lazily (first call, once, under a lock), then serves calls from
+//! many threads at once: weights are shared and immutable, each call has its own KV state. The
+//! optional prefix cache is the one piece of shared mutable state, behind its own lock.
 
+pub mod attention;
+pub mod engine;
 pub mod kv;
+pub mod models;
+pub mod options;
 pub mod prefix_cache;
+pub mod prompt;
+pub mod sampling;
+pub mod source;
+pub mod weights;
+
+use std::sync::{Arc, Mutex};
+
+use lmhost_plugin_api::{
+    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
+    GenerationRecord, KvCacheSettings, Logger, OptionSpec, PluginContext, PluginError, ScoreRecord,
+};
+
+use crate::engine::{Engine, PrefixStore};
+use crate::models::llama::BuildOptions;
+use crate::options::Settings;
+
+pub struct Candle {
+    model_id: String,
+    settings: Settings,
+    logger: Logger,
+    pool: rayon::ThreadPool,
+    engine: Mutex<Option<Arc<Engine>>>,
+    cache: Mutex<CacheState>,
+}
+
+#[derive(Default)]
+struct CacheState {
+    /// TODO(prefix cache, issue 4): `PrefixCache::new(max_entries, max_bytes)` from
+    /// `prefix_cache.rs` once merged (it implements [`PrefixStore`]); `None` runs without one.
+    store: Option<Box<dyn PrefixStore>>,
+    stats: BackendStats,
+    warned_half: bool,
+}
+
+impl Backend for Candle {
+    const NAME: &'static str = "candle";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+
+    fn options() -> Vec<OptionSpec> {
+        options::specs()
+    }
+
+    fn new(context: PluginContext) -> Result<Self, PluginError> {
+        let settings = Settings::parse(&context.options()?)?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(settings.threads)
+            .build()
+            .map_err(|e| PluginError::config(format!("option `threads`: {e}")))?;
+        Ok(Candle {
+            model_id: context.model_id.to_string(),
+            settings,
+            logger: context.logger.clone(),
+            pool,
+            engine: Mutex::new(None),
+            cache: Mutex::default(),
+        })
+    }
+
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            returns_logprobs: true,
+            scores_continuations: true,
+            audio_input: false,
+            prefix_cache: false,
+            embeddings: true,
+        }
+    }
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord, PluginError> {
+        config.validate()?;
+        let engine = self.engine()?;
+        let record = self.with_store(|store| {
+            self.pool
+                .install(|| engine.generate(snapshot, config, store))
+        })?;
+        self.count(
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            record.token_ids.len(),
+        );
+        Ok(record)
+    }
+
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
+        let engine = self.engine()?;
+        let record =
+            self.with_store(|store| self.pool.install(|| engine.score(snapshot, reply, store)))?;
+        self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
+        Ok(record)
+    }
+
+    fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
+        let mut cache = self.cache.lock().map_err(poisoned)?;
+        *cache = CacheState::default();
+        if settings.enabled {
+            self.logger.warn(
+                "this build of the candle plugin has no prefix cache yet; prompts are computed in full",
+            );
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.cache.lock().map(|c| c.stats).unwrap_or_default()
+    }
+}
+
+impl Candle {
+    /// The engine, loading the model on first use (once: the lock is held while loading).
+    pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
+        let mut slot = self.engine.lock().map_err(poisoned)?;
+        if let Some(engine) = slot.as_ref() {
+            return Ok(engine.clone());
+        }
+        let engine = Arc::new(self.pool.install(|| self.load())?);
+        *slot = Some(engine.clone());
+        Ok(engine)
+    }
+
+    fn load(&self) -> Result<Engine, PluginError> {
+        let s = &self.settings;
+        let device = s.device()?;
+        let dtype = s.dtype_on(&device)?;
+        let attention = attention::resolve(&s.attn_implementation).map_err(PluginError::config)?;
+        let build = BuildOptions {
+            dtype,
+            device,
+            format: s.weights,
+            attention,
+            max_context: if s.max_context == 0 {
+                usize::MAX
+            } else {
+                s.max_context
+            },
+        };
+        let loaded = source::load(&self.model_id, &s.revision, s.model_class.as_deref(), build)?;
+        Engine::new(loaded, s.max_context)
+    }
+
+    /// Runs `f` with the prefix store, if one is on. The store lock is held for the call, so
+    /// cached calls run one at a time; uncached calls run concurrently.
+    fn with_store<T>(
+        &self,
+        f: impl FnOnce(Option<&mut dyn PrefixStore>) -> Result<T, PluginError>,
+    ) -> Result<T, PluginError> {
+        let mut cache = self.cache.lock().map_err(poisoned)?;
+        if cache.store.is_none() {
+            drop(cache);
+            return f(None);
+        }
+        match cache.store.as_mut() {
+            Some(store) => {
+                let store: &mut dyn PrefixStore = &mut **store;
+                f(Some(store))
+            }
+            None => f(None),
+        }
+    }
+
+    fn count(&self, prompt: u32, cached: u32, generated: usize) {
+        if let Ok(mut cache) = self.cache.lock() {
+            let on = cache.store.is_some();
+            let stats = &mut cache.stats;
+            stats.prompt_tokens += u64::from(prompt);
+            stats.generated_tokens += generated as u64;
+            stats.kv_cache_reused_tokens += u64::from(cached);
+            stats.kv_cache_hits += u64::from(on && cached > 0);
+            stats.kv_cache_misses += u64::from(on && cached == 0);
+            let _ = cache.warned_half;
+        }
+    }
+}
+
+fn poisoned<T>(_: T) -> PluginError {
+    PluginError::internal("candle backend lock poisoned by an earlier panic")
+}
+
+export_plugin!(Candle);

@@ -1,0 +1,237 @@
+//! Attention through a registry of named implementations.
+//!
+//! Models never call a kernel directly: each attention layer looks up the implementation chosen
+//! by option `attn_implementation` (as Transformers' `ALL_ATTENTION_FUNCTIONS` does), so an engine
+//! or an embedding application can swap in its own kernel with [`register`] without touching the
+//! model code. Every implementation must give the same output within float tolerance (tested).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use candle_core::{Device, Result, Tensor, D};
+
+/// What an attention call needs besides q, k and v.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnParams {
+    /// Multiplier of q·k (usually 1/sqrt(head_dim)).
+    pub scale: f64,
+    /// Query heads per key/value head (grouped-query attention).
+    pub n_rep: usize,
+    /// Position of the first query (keys start at position 0).
+    pub offset: usize,
+    /// Keys further back than this many positions are invisible (Mistral-style).
+    pub sliding_window: Option<usize>,
+}
+
+/// An attention kernel: `q` is `(1, heads, q_len, head_dim)`, `k` and `v` are
+/// `(1, kv_heads, kv_len, head_dim)` with `kv_len = offset + q_len`; returns q's shape.
+pub trait Attention: Send + Sync {
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor>;
+}
+
+type Registry = RwLock<BTreeMap<String, Arc<dyn Attention>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut map: BTreeMap<String, Arc<dyn Attention>> = BTreeMap::new();
+        map.insert("eager".into(), Arc::new(Eager));
+        map.insert("chunked".into(), Arc::new(Chunked { chunk: 128 }));
+        RwLock::new(map)
+    })
+}
+
+/// Registers (or replaces) an implementation under `name`.
+pub fn register(name: &str, implementation: Arc<dyn Attention>) {
+    if let Ok(mut map) = registry().write() {
+        map.insert(name.to_string(), implementation);
+    }
+}
+
+/// The implementation registered under `name`.
+pub fn get(name: &str) -> Option<Arc<dyn Attention>> {
+    registry().read().ok()?.get(name).cloned()
+}
+
+/// Every registered name, sorted.
+pub fn names() -> Vec<String> {
+    registry()
+        .read()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// The additive-mask decision: may query `qi` (absolute position) see key `kj`?
+fn visible(qi: usize, kj: usize, window: Option<usize>) -> bool {
+    kj <= qi && window.is_none_or(|w| qi - kj < w)
+}
+
+/// `(q_len, kv_len)` u8 mask for queries at `offset..`, 1 where the key is hidden; `None` when
+/// nothing is hidden.
+pub fn hidden_mask(
+    q_len: usize,
+    offset: usize,
+    kv_len: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let mask: Vec<u8> = (0..q_len)
+        .flat_map(|i| (0..kv_len).map(move |j| u8::from(!visible(offset + i, j, window))))
+        .collect();
+    if mask.iter().all(|&m| m == 0) {
+        return Ok(None);
+    }
+    Tensor::from_vec(mask, (q_len, kv_len), device).map(Some)
+}
+
+/// Sets hidden scores to -inf (the same op sequence as candle-transformers' llama models).
+fn apply_mask(scores: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    match mask {
+        None => Ok(scores.clone()),
+        Some(mask) => {
+            let neg_inf =
+                Tensor::new(f32::NEG_INFINITY, scores.device())?.to_dtype(scores.dtype())?;
+            let mask = mask.broadcast_as(scores.shape())?;
+            mask.where_cond(&neg_inf.broadcast_as(scores.shape())?, scores)
+        }
+    }
+}
+
+/// Repeats each key/value head `n_rep` times: `(1, kvh, L, d)` → `(1, kvh * n_rep, L, d)`.
+pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(x.clone());
+    }
+    let (b, kvh, len, d) = x.dims4()?;
+    Tensor::cat(&vec![x; n_rep], 2)?.reshape((b, kvh * n_rep, len, d))
+}
+
+/// Softmax(q kᵀ · scale + mask) v, materializing the whole score matrix; the reference.
+pub struct Eager;
+
+impl Attention for Eager {
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+        let q_len = q.dim(2)?;
+        let k = repeat_kv(k, p.n_rep)?;
+        let v = repeat_kv(v, p.n_rep)?;
+        let scores = (q.matmul(&k.t()?)? * p.scale)?;
+        let kv_len = k.dim(2)?;
+        let mask = hidden_mask(q_len, p.offset, kv_len, p.sliding_window, q.device())?;
+        let scores = apply_mask(&scores, mask.as_ref())?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        probs.matmul(&v.contiguous()?)
+    }
+}
+
+/// Processes queries in chunks and shares each key/value head across its query group without
+/// copying it, so a long prefill never holds a `(heads, L, L)` score matrix or repeated keys.
+pub struct Chunked {
+    pub chunk: usize,
+}
+
+impl Attention for Chunked {
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+        let (b, heads, q_len, d) = q.dims4()?;
+        let kv_heads = k.dim(1)?;
+        let kt = k.t()?.contiguous()?;
+        let v = v.contiguous()?;
+        let mut outs = Vec::new();
+        for start in (0..q_len).step_by(self.chunk.max(1)) {
+            let len = self.chunk.min(q_len - start);
+            // (1, kvh, n_rep * len, d): rows are (rep, position) within each kv head.
+            let qc =
+                q.narrow(2, start, len)?
+                    .contiguous()?
+                    .reshape((b, kv_heads, p.n_rep * len, d))?;
+            let scores = (qc.matmul(&kt)? * p.scale)?;
+            let kv_len = kt.dim(D::Minus1)?;
+            let scores = scores.reshape((b, kv_heads, p.n_rep, len, kv_len))?;
+            let mask = hidden_mask(len, p.offset + start, kv_len, p.sliding_window, q.device())?;
+            let scores = apply_mask(&scores, mask.as_ref())?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((
+                b,
+                kv_heads,
+                p.n_rep * len,
+                kv_len,
+            ))?;
+            let out = probs.matmul(&v)?.reshape((b, heads, len, d))?;
+            outs.push(out);
+        }
+        Tensor::cat(&outs, 2)
+    }
+}
+
+/// Checks that an implementation exists, naming the registered ones otherwise.
+pub fn resolve(name: &str) -> std::result::Result<Arc<dyn Attention>, String> {
+    get(name).ok_or_else(|| {
+        format!(
+            "option `attn_implementation` names {name:?}, which is not registered; registered: {}",
+            names().join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand(shape: (usize, usize, usize, usize), seed: f64) -> Tensor {
+        let n = shape.0 * shape.1 * shape.2 * shape.3;
+        let data: Vec<f32> = (0..n)
+            .map(|i| ((i as f64 * 0.7 + seed).sin()) as f32)
+            .collect();
+        Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    #[test]
+    fn every_implementation_agrees_with_eager() {
+        register("chunked_small", Arc::new(Chunked { chunk: 3 }));
+        for (offset, q_len, window) in [(0, 7, None), (5, 4, None), (4, 1, None), (2, 9, Some(3))] {
+            let q = rand((1, 6, q_len, 8), 0.3);
+            let k = rand((1, 2, offset + q_len, 8), 1.1);
+            let v = rand((1, 2, offset + q_len, 8), 2.9);
+            let p = AttnParams {
+                scale: 0.35,
+                n_rep: 3,
+                offset,
+                sliding_window: window,
+            };
+            let reference = Eager.forward(&q, &k, &v, &p).unwrap();
+            for name in names() {
+                let out = resolve(&name).unwrap().forward(&q, &k, &v, &p).unwrap();
+                let diff = max_diff(&reference, &out);
+                assert!(
+                    diff < 1e-5,
+                    "{name} differs from eager by {diff} at {offset}/{q_len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_name_lists_registered() {
+        let err = resolve("flash9").err().unwrap();
+        assert!(err.contains("eager") && err.contains("chunked"), "{err}");
+    }
+
+    #[test]
+    fn sliding_window_hides_old_keys() {
+        let m = hidden_mask(1, 5, 6, Some(2), &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.to_vec2::<u8>().unwrap(), vec![vec![1, 1, 1, 1, 0, 0]]);
+    }
+}

@@ -1,0 +1,108 @@
+//! The models the plugin runs, behind one small trait.
+//!
+//! The plugin owns its model code (instead of candle-transformers') because the prefix cache needs
+//! the KV state outside the model: every forward takes a `&mut KvState` that it extends, so a
+//! caller can snapshot, crop and resume it. Weights are immutable after loading, so one model
+//! serves many threads at once, each with its own state.
+
+pub mod llama;
+
+use candle_core::{Result, Tensor};
+
+use crate::kv::KvState;
+
+/// Which positions of a forward pass need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None: the pass only fills the KV state (a prompt prefix).
+    None,
+    /// The last position (decoding).
+    Last,
+    /// Every position (scoring, equivalence tests).
+    All,
+}
+
+/// What a forward pass returns.
+pub struct Forward {
+    /// `(positions, vocab)` in f32; `positions` is 0, 1 or the input length per [`Logits`].
+    pub logits: Option<Tensor>,
+    /// `(input length, hidden)`: the final (normalized) hidden states, when asked for.
+    pub hidden: Option<Tensor>,
+}
+
+/// A causal language model: ids in, logits out, attention state in a [`KvState`].
+pub trait CausalLm: Send + Sync {
+    /// Runs `ids` at positions `kv.len()..`, appending their keys and values to `kv`.
+    fn forward(
+        &self,
+        ids: &[u32],
+        kv: &mut KvState,
+        logits: Logits,
+        hidden: bool,
+    ) -> Result<Forward>;
+    /// A fresh, empty state for this model.
+    fn new_state(&self) -> KvState;
+    /// The input-embedding rows of `ids`, `(ids.len(), hidden)` in f32.
+    fn embed(&self, ids: &[u32]) -> Result<Tensor>;
+    /// The longest sequence the model was built for.
+    fn max_context(&self) -> usize;
+    /// The architecture name (`llama`, `mistral`, `qwen2`...).
+    fn architecture(&self) -> &str;
+}
+
+/// How a layer's weight is split across devices for tensor parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TpStyle {
+    /// Split the output features: each device computes a slice of the output.
+    Colwise,
+    /// Split the input features: each device computes a partial sum, then all-reduce.
+    Rowwise,
+}
+
+impl TpStyle {
+    /// Parses a style name; only the two styles engines implement are valid.
+    pub fn parse(name: &str) -> std::result::Result<Self, String> {
+        match name {
+            "colwise" => Ok(TpStyle::Colwise),
+            "rowwise" => Ok(TpStyle::Rowwise),
+            other => Err(format!(
+                "tensor-parallel style {other:?} is not one of \"colwise\", \"rowwise\""
+            )),
+        }
+    }
+}
+
+/// One block of a pipeline plan: its name, input names and output names.
+pub type PipelineStage = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+/// Checks a declared tensor-parallel plan: every style is colwise or rowwise.
+pub fn validate_tp_plan(
+    plan: &[(&str, &str)],
+) -> std::result::Result<Vec<(String, TpStyle)>, String> {
+    plan.iter()
+        .map(|(pattern, style)| {
+            TpStyle::parse(style)
+                .map(|s| (pattern.to_string(), s))
+                .map_err(|e| format!("{pattern}: {e}"))
+        })
+        .collect()
+}
+
+/// Mean over the rows of a `(n, d)` tensor, as a vector.
+pub fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(candle_core::DType::F32)?
+        .mean(0)?
+        .to_vec1::<f32>()
+}
+
+/// Concatenates tensors along the first axis, or none.
+pub fn cat_rows(parts: &[Tensor]) -> Result<Option<Tensor>> {
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    Tensor::cat(parts, 0).map(Some)
+}

@@ -1,0 +1,213 @@
+//! The plugin's options: their specs (the host validates configs against them) and their
+//! parsed form, with the checks the host cannot do (a registered attention kernel, a device this
+//! build supports).
+
+use candle_core::{DType, Device};
+use lmhost_plugin_api::serde_json::{json, Map, Value};
+use lmhost_plugin_api::{OptionKind, OptionSpec, PluginError};
+
+use crate::attention;
+use crate::models::llama::ARCHITECTURES;
+use crate::weights::WeightFormat;
+
+/// Parsed `[backend.options]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub dtype: String,
+    pub device: String,
+    pub revision: String,
+    pub weights: WeightFormat,
+    pub attn_implementation: String,
+    pub model_class: Option<String>,
+    /// 0 = all cores.
+    pub threads: usize,
+    /// 0 = the model's own context length.
+    pub max_context: usize,
+}
+
+pub fn specs() -> Vec<OptionSpec> {
+    let mut classes = vec!["auto"];
+    classes.extend_from_slice(ARCHITECTURES);
+    vec![
+        OptionSpec::choice(
+            "dtype",
+            &["auto", "float32", "float16", "bfloat16"],
+            "auto",
+            "Compute dtype; auto: f32 on CPU, bf16 on CUDA, f16 on Metal.",
+        ),
+        OptionSpec::choice(
+            "device",
+            &["auto", "cpu", "cuda", "metal"],
+            "auto",
+            "auto: CUDA, then Metal, then CPU (cuda/metal need the cargo features).",
+        ),
+        OptionSpec::new(
+            "revision",
+            OptionKind::String,
+            json!("main"),
+            "Hub revision (branch, tag or commit) for hub model ids.",
+        ),
+        OptionSpec::choice(
+            "weights",
+            WeightFormat::CHOICES,
+            "auto",
+            "Linear-layer format: auto (quantized GGUF on CPU: f32 for prefill, Q8_0 for decode), \
+             as_stored, f32, q8_0, q4_0.",
+        ),
+        OptionSpec::new(
+            "attn_implementation",
+            OptionKind::String,
+            json!("eager"),
+            "A registered attention implementation: eager, chunked, or one an app registered.",
+        ),
+        OptionSpec::choice(
+            "model_class",
+            &classes,
+            "auto",
+            "Architecture; auto reads config.json's model_type or the GGUF architecture. \
+             Tensor-parallel plan (llama): q/k/v/gate/up colwise, o/down rowwise.",
+        ),
+        OptionSpec::new(
+            "threads",
+            OptionKind::Integer,
+            json!(0),
+            "CPU threads for this backend (0 = all cores).",
+        ),
+        OptionSpec::new(
+            "max_context",
+            OptionKind::Integer,
+            json!(0),
+            "Longest prompt + reply in tokens (0 = the model's context length).",
+        ),
+    ]
+}
+
+fn string(options: &Map<String, Value>, key: &str, default: &str) -> String {
+    options
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or(default)
+        .to_string()
+}
+
+fn integer(options: &Map<String, Value>, key: &str) -> usize {
+    options.get(key).and_then(Value::as_u64).unwrap_or(0) as usize
+}
+
+impl Settings {
+    /// Parses options the host already validated, then checks what it could not.
+    pub fn parse(options: &Map<String, Value>) -> Result<Self, PluginError> {
+        let weights = string(options, "weights", "auto");
+        let weights = WeightFormat::parse(&weights).ok_or_else(|| {
+            PluginError::config(format!(
+                "option `weights` must be one of {}. Given: {weights:?}",
+                WeightFormat::CHOICES.join(", ")
+            ))
+        })?;
+        let attn = string(options, "attn_implementation", "eager");
+        attention::resolve(&attn).map_err(PluginError::config)?;
+        let model_class = Some(string(options, "model_class", "auto")).filter(|c| c != "auto");
+        let settings = Settings {
+            dtype: string(options, "dtype", "auto"),
+            device: string(options, "device", "auto"),
+            revision: string(options, "revision", "main"),
+            weights,
+            attn_implementation: attn,
+            model_class,
+            threads: integer(options, "threads"),
+            max_context: integer(options, "max_context"),
+        };
+        settings.device()?;
+        settings.dtype_on(&Device::Cpu)?;
+        Ok(settings)
+    }
+
+    /// The device: an explicit choice must be available; auto falls back to CPU.
+    pub fn device(&self) -> Result<Device, PluginError> {
+        let unavailable = |name: &str, feature: &str, e: candle_core::Error| {
+            PluginError::config(format!(
+                "option `device` = {name:?} is not available: {e} (build the plugin with \
+                 `--features {feature}` on a machine with that device, or use \"cpu\")"
+            ))
+        };
+        match self.device.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Device::new_cuda(0).map_err(|e| unavailable("cuda", "cuda", e)),
+            "metal" => Device::new_metal(0).map_err(|e| unavailable("metal", "metal", e)),
+            _ => Ok(auto_device()),
+        }
+    }
+
+    /// The compute dtype on `device`.
+    pub fn dtype_on(&self, device: &Device) -> Result<DType, PluginError> {
+        Ok(match self.dtype.as_str() {
+            "float32" => DType::F32,
+            "float16" => DType::F16,
+            "bfloat16" => DType::BF16,
+            _ if device.is_cuda() => DType::BF16,
+            _ if device.is_metal() => DType::F16,
+            _ => DType::F32,
+        })
+    }
+}
+
+fn auto_device() -> Device {
+    if candle_core::utils::cuda_is_available() {
+        if let Ok(d) = Device::new_cuda(0) {
+            return d;
+        }
+    }
+    if candle_core::utils::metal_is_available() {
+        if let Ok(d) = Device::new_metal(0) {
+            return d;
+        }
+    }
+    Device::Cpu
+}
+
+/// The model's tensor-parallel plan, validated, for `lmhost plugins` and tooling.
+pub fn tensor_parallel_plan() -> Result<Vec<(String, crate::models::TpStyle)>, String> {
+    crate::models::validate_tp_plan(crate::models::llama::TP_PLAN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<Settings, PluginError> {
+        Settings::parse(v.as_object().unwrap())
+    }
+
+    #[test]
+    fn defaults_are_cpu_f32_eager() {
+        let s = parse(json!({})).unwrap();
+        assert!(s.device().unwrap().is_cpu());
+        assert_eq!(s.dtype_on(&Device::Cpu).unwrap(), DType::F32);
+        assert_eq!(s.weights, WeightFormat::Auto);
+        assert_eq!(s.attn_implementation, "eager");
+    }
+
+    #[test]
+    fn unregistered_attention_is_a_config_error_naming_the_key() {
+        let err = parse(json!({"attn_implementation": "flash9"})).unwrap_err();
+        assert_eq!(err.kind, lmhost_plugin_api::ErrorKind::Config);
+        assert!(err.message.contains("attn_implementation"), "{err}");
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_is_a_config_error() {
+        let err = parse(json!({"device": "cuda"})).unwrap_err();
+        assert!(
+            err.message.contains("`device`") && err.message.contains("cuda"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn declared_plans_validate() {
+        let plan = tensor_parallel_plan().unwrap();
+        assert_eq!(plan.len(), 7);
+        assert!(crate::models::validate_tp_plan(&[("layers.*.x", "diagonal")]).is_err());
+    }
+}

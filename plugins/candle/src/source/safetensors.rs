@@ -1,0 +1,180 @@
+//! Hugging Face checkpoints: `config.json`, `tokenizer.json`, `tokenizer_config.json` (chat
+//! template, special tokens) and safetensors weights, one file or shards listed in an index.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use super::Loaded;
+use crate::models::llama::{BuildOptions, Llama, LlamaConfig, ARCHITECTURES};
+use crate::weights::{check_shape, Weight, WeightSource};
+
+/// The files of a checkpoint, wherever they came from (a directory or the hub cache).
+pub struct Files {
+    pub config: PathBuf,
+    pub tokenizer: PathBuf,
+    pub tokenizer_config: Option<PathBuf>,
+    pub weights: Vec<PathBuf>,
+}
+
+/// The shard file names an index lists, deduplicated, in order.
+pub fn shards_of_index(index: &Path) -> Result<Vec<String>, String> {
+    let text = read(index)?;
+    let json: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
+    let map = json
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| format!("{}: no `weight_map` object", index.display()))?;
+    let mut shards: Vec<String> = map
+        .values()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    shards.sort();
+    shards.dedup();
+    Ok(shards)
+}
+
+impl Files {
+    /// The files of a local checkpoint directory.
+    pub fn in_dir(dir: &Path) -> Result<Files, String> {
+        let file = |name: &str| {
+            let p = dir.join(name);
+            p.is_file().then_some(p)
+        };
+        let config = file("config.json").ok_or("no config.json in the directory")?;
+        let tokenizer = file("tokenizer.json").ok_or("no tokenizer.json in the directory")?;
+        let weights = if let Some(single) = file("model.safetensors") {
+            vec![single]
+        } else if let Some(index) = file("model.safetensors.index.json") {
+            shards_of_index(&index)?
+                .iter()
+                .map(|s| dir.join(s))
+                .collect()
+        } else {
+            return Err(
+                "no model.safetensors or model.safetensors.index.json in the directory".into(),
+            );
+        };
+        Ok(Files {
+            config,
+            tokenizer,
+            tokenizer_config: file("tokenizer_config.json"),
+            weights,
+        })
+    }
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+struct SafetensorsSource {
+    tensors: HashMap<String, Tensor>,
+}
+
+impl WeightSource for SafetensorsSource {
+    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Weight, String> {
+        let t = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| format!("tensor `{name}` is missing"))?;
+        check_shape(name, Weight::Dense(t), shape)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+}
+
+/// A special token in tokenizer_config.json: a string or `{"content": ...}`.
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(String::from),
+        _ => None,
+    }
+}
+
+/// EOS ids: config.json's `eos_token_id` (a number or a list), else the tokenizer's eos token.
+fn eos_ids(config: &Value, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Vec<u32> {
+    match config.get("eos_token_id") {
+        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_u64().map(|n| n as u32))
+            .collect(),
+        _ => eos_token
+            .and_then(|t| tokenizer.token_to_id(t))
+            .into_iter()
+            .collect(),
+    }
+}
+
+pub fn load(
+    files: &Files,
+    model_class: Option<&str>,
+    build: BuildOptions,
+) -> Result<Loaded, String> {
+    let config_text = read(&files.config)?;
+    let config_json: Value = serde_json::from_str(&config_text)
+        .map_err(|e| format!("{}: {e}", files.config.display()))?;
+    let arch = model_class
+        .map(String::from)
+        .or_else(|| {
+            config_json
+                .get("model_type")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .unwrap_or_else(|| "llama".into());
+    if !ARCHITECTURES.contains(&arch.as_str()) {
+        return Err(format!(
+            "{}: unknown architecture {arch:?}; supported: {}",
+            files.config.display(),
+            ARCHITECTURES.join(", ")
+        ));
+    }
+    let mut cfg: LlamaConfig = serde_json::from_value(config_json.clone())
+        .map_err(|e| format!("{}: {e}", files.config.display()))?;
+    cfg.model_type = arch;
+    cfg.rope_interleaved = false;
+    let tokenizer = Tokenizer::from_file(&files.tokenizer)
+        .map_err(|e| format!("{}: {e}", files.tokenizer.display()))?;
+    let tok_config: Value = match &files.tokenizer_config {
+        Some(p) => serde_json::from_str(&read(p)?).map_err(|e| format!("{}: {e}", p.display()))?,
+        None => Value::Null,
+    };
+    let chat_template = tok_config
+        .get("chat_template")
+        .and_then(Value::as_str)
+        .map(String::from);
+    let bos_token = token_text(tok_config.get("bos_token"));
+    let eos_token = token_text(tok_config.get("eos_token"));
+    let eos = eos_ids(&config_json, eos_token.as_deref(), &tokenizer);
+    let tensors = load_tensors(&files.weights, &build.device)?;
+    let mut source = SafetensorsSource { tensors };
+    let model = Llama::load(cfg, &mut source, build)?;
+    Ok(Loaded {
+        model: Box::new(model),
+        tokenizer,
+        chat_template,
+        eos_ids: eos,
+        bos_token,
+        eos_token,
+    })
+}
+
+fn load_tensors(paths: &[PathBuf], device: &Device) -> Result<HashMap<String, Tensor>, String> {
+    let mut all = HashMap::new();
+    for path in paths {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tensors = candle_core::safetensors::load_buffer(&bytes, device)
+            .map_err(|e| format!("{}: not a readable safetensors file: {e}", path.display()))?;
+        all.extend(tensors);
+    }
+    Ok(all)
+}

@@ -1,0 +1,261 @@
+//! The real default model: SmolLM2-135M-Instruct Q4_1 GGUF (run `scripts/fetch-models`).
+//!
+//! Each model format loads once per test binary (shared `OnceLock`s).
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use lmhost_candle::Candle;
+use lmhost_plugin_api::serde_json::{json, Value};
+use lmhost_plugin_api::{Backend, ConversationSnapshot, GenerationConfig, PluginContext};
+
+fn model_path() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-models from the repository root first",
+        path.display()
+    );
+    path
+}
+
+fn open(options: Value) -> Arc<Candle> {
+    let context =
+        PluginContext::new("candle", &model_path().to_string_lossy()).with_options(options);
+    Arc::new(Candle::new(context).unwrap())
+}
+
+/// Weights dequantized to f32: exact agreement between decode and full passes.
+fn f32_model() -> Arc<Candle> {
+    static M: OnceLock<Arc<Candle>> = OnceLock::new();
+    M.get_or_init(|| open(json!({"weights": "f32"}))).clone()
+}
+
+/// The file's own Q4_1/Q8_0 weights and candle's kernels.
+fn stored_model() -> Arc<Candle> {
+    static M: OnceLock<Arc<Candle>> = OnceLock::new();
+    M.get_or_init(|| open(json!({"weights": "as_stored"})))
+        .clone()
+}
+
+fn question() -> ConversationSnapshot {
+    ConversationSnapshot::from_prompt("What is the capital of France?")
+}
+
+fn greedy(n: u32) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens: n,
+        ..GenerationConfig::default()
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn greedy_answer_names_paris() {
+    let r = f32_model().generate(&question(), &greedy(24)).unwrap();
+    println!("answer: {:?} ({:?})", r.text, r.finish_reason);
+    assert!(r.text.contains("Paris"), "{:?}", r.text);
+}
+
+#[test]
+fn logprobs_match_a_full_forward_and_score() {
+    let b = f32_model();
+    let r = b.generate(&question(), &greedy(12)).unwrap();
+    let engine = b.engine().unwrap();
+    let prompt = engine.prompt_ids(&question(), 0).unwrap();
+    let mut all = prompt.clone();
+    all.extend_from_slice(&r.token_ids);
+    let rows = engine.logits_all(&all[..all.len() - 1]).unwrap();
+    let full: Vec<f32> = r
+        .token_ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            lmhost_candle::sampling::log_softmax(&rows[prompt.len() - 1 + i])[id as usize]
+        })
+        .collect();
+    let diff = max_abs_diff(&r.logprobs, &full);
+    println!("generate vs one full pass: max |Δlogprob| = {diff:e}");
+    assert!(diff <= 1e-4, "{diff}");
+    let s = b.score(&question(), &r.text).unwrap();
+    assert_eq!(s.token_ids.as_slice(), &r.token_ids[..s.token_ids.len()]);
+    let diff = max_abs_diff(&s.logprobs, &r.logprobs[..s.logprobs.len()]);
+    println!("score vs generate: max |Δlogprob| = {diff:e}");
+    assert!(diff <= 1e-4, "{diff}");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let b = f32_model();
+    let config = |seed| GenerationConfig {
+        max_new_tokens: 10,
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.9,
+        seed,
+        ..GenerationConfig::default()
+    };
+    let a = b.generate(&question(), &config(42)).unwrap();
+    let again = b.generate(&question(), &config(42)).unwrap();
+    assert_eq!(a.token_ids, again.token_ids);
+    assert_eq!(a.text, again.text);
+}
+
+#[test]
+fn four_threads_generate_at_once() {
+    let b = f32_model();
+    let expected = b.generate(&question(), &greedy(6)).unwrap();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let b = b.clone();
+            std::thread::spawn(move || b.generate(&question(), &greedy(6)).unwrap())
+        })
+        .collect();
+    for h in handles {
+        let r = h.join().unwrap();
+        assert_eq!(r.token_ids, expected.token_ids);
+    }
+}
+
+fn prompt_ids(b: &Candle) -> Vec<u32> {
+    b.engine().unwrap().prompt_ids(&question(), 0).unwrap()
+}
+
+#[test]
+fn logits_match_candle_transformers_quantized_llama() {
+    let b = stored_model();
+    let ids = prompt_ids(&b);
+    let ours = b.engine().unwrap().logits_all(&ids).unwrap();
+    let ours_last = ours.last().unwrap();
+    let mut file = std::fs::File::open(model_path()).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut reference = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+        content,
+        &mut file,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let input = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let theirs = reference
+        .forward(&input, 0)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let diff = max_abs_diff(ours_last, &theirs);
+    println!("as_stored vs quantized_llama: max |Δlogit| = {diff:e}");
+    assert!(diff <= 1e-4, "{diff}");
+    // The error dequantizing to f32 introduces (different kernels: Q8_1 activations vs f32).
+    let f32_last = f32_model()
+        .engine()
+        .unwrap()
+        .logits_all(&ids)
+        .unwrap()
+        .pop()
+        .unwrap();
+    println!(
+        "f32 vs as_stored: max |Δlogit| = {:e}",
+        max_abs_diff(&f32_last, ours_last)
+    );
+}
+
+/// llama.cpp permutes q/k rows for interleaved RoPE; undo it for a halves-RoPE model.
+fn unpermute(w: &Tensor, heads: usize) -> Tensor {
+    let (rows, cols) = w.dims2().unwrap();
+    let d = rows / heads;
+    w.reshape((heads, d / 2, 2, cols))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+        .reshape((rows, cols))
+        .unwrap()
+}
+
+#[test]
+fn logits_match_an_independent_f32_llama() {
+    use candle_transformers::models::llama as reference;
+    let mut file = std::fs::File::open(model_path()).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut tensors = std::collections::HashMap::new();
+    let names: Vec<String> = content.tensor_infos.keys().cloned().collect();
+    for name in names {
+        let t = content
+            .tensor(&mut file, &name, &Device::Cpu)
+            .unwrap()
+            .dequantize(&Device::Cpu)
+            .unwrap();
+        let t = if name.ends_with("attn_q.weight") {
+            unpermute(&t, 9)
+        } else if name.ends_with("attn_k.weight") {
+            unpermute(&t, 3)
+        } else {
+            t
+        };
+        tensors.insert(hf_name(&name), t);
+    }
+    let config: reference::LlamaConfig = serde_json::from_value(json!({
+        "hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192,
+        "tie_word_embeddings": true
+    }))
+    .unwrap();
+    let config = config.into_config(false);
+    let vb = candle_nn::VarBuilder::from_tensors(tensors, candle_core::DType::F32, &Device::Cpu);
+    let model = reference::Llama::load(vb, &config).unwrap();
+    let mut cache =
+        reference::Cache::new(false, candle_core::DType::F32, &config, &Device::Cpu).unwrap();
+    let b = f32_model();
+    let ids = prompt_ids(&b);
+    let input = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let theirs = model
+        .forward(&input, 0, &mut cache)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let ours = b.engine().unwrap().logits_all(&ids).unwrap().pop().unwrap();
+    let diff = max_abs_diff(&ours, &theirs);
+    println!(
+        "f32 vs candle-transformers llama (dequantized, un-permuted): max |Δlogit| = {diff:e}"
+    );
+    assert!(diff <= 1e-3, "{diff}");
+}
+
+fn hf_name(gguf: &str) -> String {
+    let renames = [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("attn_q", "self_attn.q_proj"),
+        ("attn_k", "self_attn.k_proj"),
+        ("attn_v", "self_attn.v_proj"),
+        ("attn_output", "self_attn.o_proj"),
+        ("ffn_gate", "mlp.gate_proj"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+        ("attn_norm", "input_layernorm"),
+        ("ffn_norm", "post_attention_layernorm"),
+        ("blk.", "model.layers."),
+    ];
+    renames
+        .iter()
+        .fold(gguf.to_string(), |n, (from, to)| n.replace(from, to))
+}

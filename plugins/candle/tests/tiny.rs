@@ -1,0 +1,315 @@
+//! Loading, shapes, generation mechanics and errors on tiny models the tests write themselves.
+
+mod common;
+
+use std::path::Path;
+
+use candle_core::DType;
+use common::{backend, write_gguf, write_safetensors};
+use lmhost_candle::Candle;
+use lmhost_plugin_api::serde_json::json;
+use lmhost_plugin_api::{
+    Backend, ConversationSnapshot, ErrorKind, FinishReason, GenerationConfig, Message,
+    PluginContext, PluginError, Role, Turn,
+};
+
+fn prompt() -> ConversationSnapshot {
+    ConversationSnapshot::from_prompt("hello there, tiny model")
+}
+
+fn greedy(n: u32) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens: n,
+        ..GenerationConfig::default()
+    }
+}
+
+fn load_error(model: &Path, options: lmhost_plugin_api::serde_json::Value) -> PluginError {
+    let b = backend(model, options);
+    b.generate(&prompt(), &greedy(2)).unwrap_err()
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn logits(b: &Candle, text: &str) -> Vec<Vec<f32>> {
+    let engine = b.engine().unwrap();
+    let ids = engine.encode(text, false).unwrap();
+    engine.logits_all(&ids).unwrap()
+}
+
+#[test]
+fn gguf_loads_and_generates_with_consistent_logprobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    for weights in ["as_stored", "f32", "q8_0", "auto"] {
+        let b = backend(&path, json!({ "weights": weights }));
+        let r = b.generate(&prompt(), &greedy(6)).unwrap();
+        assert!(
+            !r.token_ids.is_empty() && r.token_ids.len() <= 6,
+            "{weights}"
+        );
+        assert_eq!(r.logprobs.len(), r.token_ids.len());
+        assert!(r.logprobs.iter().all(|&l| l <= 0.0 && l.is_finite()));
+        assert!(r.prompt_tokens > 10);
+        if r.finish_reason == FinishReason::Length {
+            assert_eq!(r.token_ids.len(), 6);
+        }
+        // The logprobs a forward pass over prompt + reply gives, position by position.
+        let s = b.score(&prompt(), &r.text).unwrap();
+        if s.token_ids.as_slice() == &r.token_ids[..s.token_ids.len().min(r.token_ids.len())] {
+            for (a, g) in s.logprobs.iter().zip(r.logprobs.iter()) {
+                let tolerance = if weights == "auto" { 5e-2 } else { 1e-4 };
+                assert!(
+                    (a - g).abs() <= tolerance,
+                    "{weights}: score {a} vs generate {g}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn logits_have_one_row_per_position_and_the_vocab_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let rows = logits(&backend(&path, json!({})), "xyz uvw");
+    assert_eq!(rows.len(), 7);
+    assert!(rows.iter().all(|r| r.len() == common::vocab_size()));
+}
+
+#[test]
+fn safetensors_dtypes_and_shards_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let f32_dir = write_safetensors(&dir.path().join("f32"), DType::F32, 1);
+    let reference = logits(&backend(&f32_dir, json!({})), "some text");
+    let sharded = write_safetensors(&dir.path().join("sharded"), DType::F32, 3);
+    let diff = max_diff(
+        &reference,
+        &logits(&backend(&sharded, json!({})), "some text"),
+    );
+    assert!(diff == 0.0, "sharded differs by {diff}");
+    for dtype in [DType::F16, DType::BF16] {
+        let d = write_safetensors(&dir.path().join(format!("{dtype:?}")), dtype, 1);
+        let diff = max_diff(&reference, &logits(&backend(&d, json!({})), "some text"));
+        assert!(diff < 0.1, "{dtype:?} differs by {diff}");
+    }
+    let r = backend(&f32_dir, json!({}))
+        .generate(&prompt(), &greedy(4))
+        .unwrap();
+    assert_eq!(r.logprobs.len(), r.token_ids.len());
+}
+
+#[test]
+fn attention_implementations_agree_inside_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_safetensors(&dir.path().join("m"), DType::F32, 1);
+    let text = "a longer prompt so that the chunked kernel works in several chunks of queries";
+    let eager = logits(
+        &backend(&path, json!({"attn_implementation": "eager"})),
+        text,
+    );
+    let chunked = logits(
+        &backend(&path, json!({"attn_implementation": "chunked"})),
+        text,
+    );
+    let diff = max_diff(&eager, &chunked);
+    assert!(diff < 1e-4, "chunked differs from eager by {diff}");
+}
+
+#[test]
+fn seeded_sampling_repeats_and_stop_strings_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let b = backend(&path, json!({"weights": "f32"}));
+    let sampled = |seed| GenerationConfig {
+        max_new_tokens: 8,
+        temperature: 1.0,
+        top_k: 50,
+        top_p: 0.95,
+        seed,
+        ..GenerationConfig::default()
+    };
+    let a = b.generate(&prompt(), &sampled(7)).unwrap();
+    assert_eq!(
+        a.token_ids,
+        b.generate(&prompt(), &sampled(7)).unwrap().token_ids
+    );
+    let others: Vec<_> = (8..12)
+        .map(|s| b.generate(&prompt(), &sampled(s)).unwrap().token_ids)
+        .collect();
+    assert!(
+        others.iter().any(|o| *o != a.token_ids),
+        "seeds should matter"
+    );
+    let full = b.generate(&prompt(), &greedy(8)).unwrap();
+    let chars: Vec<char> = full.text.chars().collect();
+    if chars.len() >= 3 {
+        let stop: String = chars[1..3].iter().collect();
+        let config = GenerationConfig {
+            stop: vec![stop.clone().into()].into(),
+            ..greedy(8)
+        };
+        let cut = b.generate(&prompt(), &config).unwrap();
+        assert_eq!(cut.finish_reason, FinishReason::StopString);
+        assert!(!cut.text.contains(&stop));
+        assert!(full.text.starts_with(cut.text.as_str()));
+    }
+}
+
+#[test]
+fn embeddings_have_the_hidden_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let b = backend(&path, json!({}));
+    let config = GenerationConfig {
+        compute_embeddings: true,
+        ..greedy(3)
+    };
+    let r = b.generate(&prompt(), &config).unwrap();
+    let e = r.embedding.into_option().unwrap();
+    let c = r.contextual_embedding.into_option().unwrap();
+    assert_eq!((e.len(), c.len()), (common::HIDDEN, common::HIDDEN));
+    assert_ne!(e, c);
+}
+
+#[test]
+fn prompt_errors_name_the_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let err = backend(&path, json!({"max_context": 8}))
+        .generate(&prompt(), &greedy(2))
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidInput);
+    assert!(
+        err.message.contains(" 8 ") && err.message.contains("tokens"),
+        "{err}"
+    );
+    let long = backend(&path, json!({})).generate(
+        &ConversationSnapshot::from_prompt("x ".repeat(300)),
+        &greedy(2),
+    );
+    let err = long.unwrap_err();
+    assert!(err.message.contains("256"), "{err}");
+}
+
+#[test]
+fn empty_prompt_is_invalid_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_safetensors(&dir.path().join("m"), DType::F32, 1);
+    let template = json!({"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"});
+    std::fs::write(model.join("tokenizer_config.json"), template.to_string()).unwrap();
+    let turn = Turn {
+        messages: vec![Message::text(Role::User, "")].into(),
+    };
+    let snapshot = ConversationSnapshot::new(vec![turn]).unwrap();
+    let err = backend(&model, json!({}))
+        .generate(&snapshot, &greedy(2))
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidInput);
+    assert!(err.message.contains("empty"), "{err}");
+}
+
+#[test]
+fn broken_files_are_unavailable_and_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = write_gguf(&dir.path().join("good.gguf"), "llama");
+    let bytes = std::fs::read(&good).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "truncated.gguf",
+            bytes[..bytes.len() / 2].to_vec(),
+            "truncated.gguf",
+        ),
+        ("header.gguf", bytes[..64].to_vec(), "GGUF"),
+        ("garbage.gguf", b"not a gguf at all".to_vec(), "GGUF"),
+    ];
+    for (name, data, expect) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, data).unwrap();
+        let err = load_error(&path, json!({}));
+        assert_eq!(err.kind, ErrorKind::BackendUnavailable, "{name}: {err}");
+        assert!(
+            err.message.contains(name) && err.message.contains(expect),
+            "{name}: {err}"
+        );
+    }
+    let unknown = write_gguf(&dir.path().join("gpt9.gguf"), "gpt9");
+    let err = load_error(&unknown, json!({}));
+    assert!(
+        err.message.contains("unknown architecture \"gpt9\""),
+        "{err}"
+    );
+    let missing = load_error(&dir.path().join("nope.gguf"), json!({}));
+    assert_eq!(missing.kind, ErrorKind::BackendUnavailable);
+    assert!(missing.message.contains("nope.gguf"), "{missing}");
+}
+
+#[test]
+fn wrong_tensor_shape_names_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_safetensors(&dir.path().join("m"), DType::F32, 1);
+    let mut config = common::hf_config();
+    config["intermediate_size"] = json!(48);
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let err = load_error(&model, json!({}));
+    assert_eq!(err.kind, ErrorKind::BackendUnavailable);
+    assert!(
+        err.message.contains("mlp.gate_proj.weight") && err.message.contains("[48, 32]"),
+        "{err}"
+    );
+    std::fs::write(
+        model.join("model.safetensors"),
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{",
+    )
+    .unwrap();
+    let err = load_error(&model, json!({}));
+    assert!(err.message.contains("model.safetensors"), "{err}");
+}
+
+#[test]
+fn option_errors_name_the_key() {
+    let context =
+        PluginContext::new("candle", "x").with_options(json!({"attn_implementation": "nope"}));
+    let err = Candle::new(context).err().unwrap();
+    assert_eq!(err.kind, ErrorKind::Config);
+    assert!(err.message.contains("`attn_implementation`"), "{err}");
+    let specs = Candle::options();
+    let keys: Vec<&str> = specs.iter().map(|s| s.key.as_str()).collect();
+    for key in [
+        "dtype",
+        "device",
+        "revision",
+        "weights",
+        "attn_implementation",
+        "model_class",
+        "threads",
+        "max_context",
+    ] {
+        assert!(keys.contains(&key), "{key} missing from {keys:?}");
+    }
+}
+
+#[test]
+fn unreachable_hub_names_id_and_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nothing/here");
+    let err = load_error(&missing, json!({}));
+    assert!(err.message.contains("nothing/here"), "{err}");
+    // Runs against the real hub client; here the hub is out of reach (or the repo is absent).
+    let err = load_error(
+        Path::new("lmhost-test/no-such-model"),
+        json!({"revision": "v0"}),
+    );
+    assert_eq!(err.kind, ErrorKind::BackendUnavailable);
+    assert!(
+        err.message.contains("lmhost-test/no-such-model") && err.message.contains("cache"),
+        "{err}"
+    );
+}
