@@ -17,6 +17,8 @@ pub mod weights;
 
 use std::sync::{Arc, Mutex};
 
+use candle_core::DType;
+
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
     GenerationRecord, KvCacheSettings, Logger, OptionSpec, PluginContext, PluginError, ScoreRecord,
@@ -25,6 +27,7 @@ use lmhost_plugin_api::{
 use crate::engine::{Engine, PrefixStore};
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
+use crate::prefix_cache::PrefixCache;
 
 pub struct Candle {
     model_id: String,
@@ -37,9 +40,8 @@ pub struct Candle {
 
 #[derive(Default)]
 struct CacheState {
-    /// TODO(prefix cache, issue 4): `PrefixCache::new(max_entries, max_bytes)` from
-    /// `prefix_cache.rs` once merged (it implements [`PrefixStore`]); `None` runs without one.
-    store: Option<Box<dyn PrefixStore>>,
+    /// The prefix cache when `[kv_cache]` turns it on; `None` runs without one.
+    store: Option<PrefixCache>,
     stats: BackendStats,
     warned_half: bool,
 }
@@ -77,7 +79,7 @@ impl Backend for Candle {
             returns_logprobs: true,
             scores_continuations: true,
             audio_input: false,
-            prefix_cache: false,
+            prefix_cache: true,
             embeddings: true,
         }
     }
@@ -117,15 +119,29 @@ impl Backend for Candle {
         let mut cache = self.cache.lock().map_err(poisoned)?;
         *cache = CacheState::default();
         if settings.enabled {
-            self.logger.warn(
-                "this build of the candle plugin has no prefix cache yet; prompts are computed in full",
-            );
+            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
+            cache.store = Some(PrefixCache::new(max_entries, settings.max_bytes));
+            self.warn_half_precision_cache(&mut cache);
         }
         Ok(())
     }
 
     fn stats(&self) -> BackendStats {
-        self.cache.lock().map(|c| c.stats).unwrap_or_default()
+        self.cache
+            .lock()
+            .map(|c| match c.store.as_ref().map(PrefixCache::stats) {
+                // The cache's own counters: a test can hold them against the records.
+                Some(cached) => BackendStats {
+                    kv_cache_hits: cached.hits,
+                    kv_cache_misses: cached.misses,
+                    kv_cache_reused_tokens: cached.reused_tokens,
+                    kv_cache_evictions: cached.evictions,
+                    kv_cache_bytes: cached.bytes,
+                    ..c.stats
+                },
+                None => c.stats,
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -174,11 +190,29 @@ impl Candle {
         }
         match cache.store.as_mut() {
             Some(store) => {
-                let store: &mut dyn PrefixStore = &mut **store;
+                let store: &mut dyn PrefixStore = store;
                 f(Some(store))
             }
             None => f(None),
         }
+    }
+
+    /// Warns once that half-precision prefixes round differently from one forward pass (the
+    /// cached path runs a prompt in several passes), and that float32 gives identical results.
+    fn warn_half_precision_cache(&self, cache: &mut CacheState) {
+        let s = &self.settings;
+        let Ok(dtype) = s.device().and_then(|device| s.dtype_on(&device)) else {
+            return; // loading reports a device the build lacks
+        };
+        if cache.warned_half || !matches!(dtype, DType::F16 | DType::BF16) {
+            return;
+        }
+        cache.warned_half = true;
+        self.logger.warn(&format!(
+            "kv_cache with {dtype:?} compute: cached prefixes round differently from one forward \
+             pass, so greedy outputs and logprobs can differ slightly from kv_cache off; set \
+             `dtype = \"float32\"` in [backend.options] for identical results"
+        ));
     }
 
     fn count(&self, prompt: u32, cached: u32, generated: usize) {
@@ -190,7 +224,6 @@ impl Candle {
             stats.kv_cache_reused_tokens += u64::from(cached);
             stats.kv_cache_hits += u64::from(on && cached > 0);
             stats.kv_cache_misses += u64::from(on && cached == 0);
-            let _ = cache.warned_half;
         }
     }
 }

@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use crate::engine::PrefixStore;
 use crate::kv::KvState;
 
 /// Counters and sizes of a [`PrefixCache`].
@@ -348,6 +349,16 @@ impl PrefixCache {
         self.nodes[id]
             .as_mut()
             .expect("tree links point at live nodes")
+    }
+}
+
+impl PrefixStore for PrefixCache {
+    fn lookup(&mut self, tokens: &[u32]) -> Option<(KvState, usize)> {
+        PrefixCache::lookup(self, tokens)
+    }
+
+    fn store(&mut self, tokens: &[u32], state: KvState) {
+        PrefixCache::store(self, tokens, state)
     }
 }
 
