@@ -147,7 +147,7 @@ fn generate_gives_the_same_greedy_text_and_logprobs_with_the_cache() {
         max_new_tokens: 4,
         ..GenerationConfig::default()
     };
-    let mut run = || -> Vec<_> {
+    let run = || -> Vec<_> {
         prompts
             .iter()
             .map(|(s, _)| b.generate(s, &config).unwrap())
