@@ -63,6 +63,51 @@ impl KvState {
         Ok(())
     }
 
+    /// The keys and values of `layer`, if anything was appended to it.
+    pub fn layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
+        self.layers.get(layer)?.as_ref().map(|(k, v)| (k, v))
+    }
+
+    /// Positions `start..start + len` as a state of their own, copied into exactly-sized
+    /// buffers: a stored segment never keeps a larger tensor it was cut from alive.
+    pub fn slice(&self, start: usize, len: usize) -> Result<KvState> {
+        let copy = |t: &Tensor| t.narrow(SEQ_DIM, start, len)?.force_contiguous();
+        let layers = self
+            .layers
+            .iter()
+            .map(|slot| match slot {
+                Some((k, v)) if len > 0 => Ok(Some((copy(k)?, copy(v)?))),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvState { layers })
+    }
+
+    /// The states of consecutive position ranges joined into one, in order. One part comes back
+    /// as a cheap clone; several are copied once into new buffers.
+    pub fn concat(parts: &[KvState]) -> Result<KvState> {
+        let Some(first) = parts.first() else {
+            return Ok(KvState::new(0));
+        };
+        if parts.len() == 1 {
+            return Ok(first.clone());
+        }
+        let layers = (0..first.layers.len())
+            .map(|layer| {
+                let (ks, vs): (Vec<&Tensor>, Vec<&Tensor>) =
+                    parts.iter().filter_map(|part| part.layer(layer)).unzip();
+                if ks.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some((
+                    Tensor::cat(&ks, SEQ_DIM)?,
+                    Tensor::cat(&vs, SEQ_DIM)?,
+                )))
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvState { layers })
+    }
+
     /// Bytes of the positions held (a cropped view is counted at its cropped length).
     pub fn bytes(&self) -> u64 {
         self.layers
@@ -107,5 +152,32 @@ mod tests {
         let (a_keys, _) = a.layers[0].clone().unwrap();
         assert_eq!(row(&a_keys, 2), 1.0, "branch b must not write into a");
         assert_eq!(a.bytes(), 2 * 5 * 2 * 4 * DType::F32.size_in_bytes() as u64);
+    }
+
+    #[test]
+    fn slices_own_exact_buffers_and_concat_restores_the_whole() {
+        let mut a = KvState::new(2);
+        for (layer, value) in [(0, 1.0), (1, 2.0)] {
+            let t = Tensor::arange(0f32, 10.0, &Device::Cpu)
+                .unwrap()
+                .affine(1.0, value * 100.0)
+                .unwrap()
+                .reshape((1, 1, 5, 2))
+                .unwrap();
+            a.append(layer, &t, &t.neg().unwrap()).unwrap();
+        }
+        let head = a.slice(0, 2).unwrap();
+        let tail = a.slice(2, 3).unwrap();
+        assert_eq!((head.len(), tail.len()), (2, 3));
+        assert_eq!(head.bytes() + tail.bytes(), a.bytes());
+        let joined = KvState::concat(&[head, tail]).unwrap();
+        for layer in 0..2 {
+            let (k, v) = joined.layer(layer).unwrap();
+            let (k0, v0) = a.layer(layer).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(k), flat(k0));
+            assert_eq!(flat(v), flat(v0));
+        }
+        assert!(a.slice(1, 0).unwrap().is_empty());
     }
 }

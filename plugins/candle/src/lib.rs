@@ -11,12 +11,15 @@ pub mod kv;
 pub mod models;
 pub mod options;
 pub mod processor;
+pub mod prefix_cache;
 pub mod prompt;
 pub mod sampling;
 pub mod source;
 pub mod weights;
 
 use std::sync::{Arc, Mutex};
+
+use candle_core::DType;
 
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
@@ -27,6 +30,7 @@ use crate::audio_backend::AudioBackend;
 use crate::engine::{Engine, PrefixStore};
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
+use crate::prefix_cache::PrefixCache;
 
 pub struct Candle {
     model_id: String,
@@ -47,9 +51,8 @@ struct Speech {
 
 #[derive(Default)]
 struct CacheState {
-    /// TODO(prefix cache, issue 4): `PrefixCache::new(max_entries, max_bytes)` from
-    /// `prefix_cache.rs` once merged (it implements [`PrefixStore`]); `None` runs without one.
-    store: Option<Box<dyn PrefixStore>>,
+    /// The prefix cache when `[kv_cache]` turns it on; `None` runs without one.
+    store: Option<PrefixCache>,
     stats: BackendStats,
     warned_half: bool,
 }
@@ -100,7 +103,7 @@ impl Backend for Candle {
             returns_logprobs: true,
             scores_continuations: true,
             audio_input: self.speech.is_some(),
-            prefix_cache: false,
+            prefix_cache: true,
             embeddings: true,
         }
     }
@@ -154,25 +157,29 @@ impl Backend for Candle {
             ..CacheState::default()
         };
         if settings.enabled {
-            self.logger.debug(
-                "this build of the candle plugin has no prefix cache yet; prompts are computed in full",
-            );
-            let device = self.settings.device()?;
-            let half = self.settings.dtype_on(&device)? != candle_core::DType::F32;
-            if half && !cache.warned_half {
-                cache.warned_half = true;
-                self.logger.warn(
-                    "prefix cache with half-precision compute: a cached prefix rounds differently \
-                     from one full pass, so logprobs can differ slightly; set dtype = \"float32\" \
-                     for identical results",
-                );
-            }
+            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
+            cache.store = Some(PrefixCache::new(max_entries, settings.max_bytes));
+            self.warn_half_precision_cache(&mut cache);
         }
         Ok(())
     }
 
     fn stats(&self) -> BackendStats {
-        self.cache.lock().map(|c| c.stats).unwrap_or_default()
+        self.cache
+            .lock()
+            .map(|c| match c.store.as_ref().map(PrefixCache::stats) {
+                // The cache's own counters: a test can hold them against the records.
+                Some(cached) => BackendStats {
+                    kv_cache_hits: cached.hits,
+                    kv_cache_misses: cached.misses,
+                    kv_cache_reused_tokens: cached.reused_tokens,
+                    kv_cache_evictions: cached.evictions,
+                    kv_cache_bytes: cached.bytes,
+                    ..c.stats
+                },
+                None => c.stats,
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -253,11 +260,29 @@ impl Candle {
         }
         match cache.store.as_mut() {
             Some(store) => {
-                let store: &mut dyn PrefixStore = &mut **store;
+                let store: &mut dyn PrefixStore = store;
                 f(Some(store))
             }
             None => f(None),
         }
+    }
+
+    /// Warns once that half-precision prefixes round differently from one forward pass (the
+    /// cached path runs a prompt in several passes), and that float32 gives identical results.
+    fn warn_half_precision_cache(&self, cache: &mut CacheState) {
+        let s = &self.settings;
+        let Ok(dtype) = s.device().and_then(|device| s.dtype_on(&device)) else {
+            return; // loading reports a device the build lacks
+        };
+        if cache.warned_half || !matches!(dtype, DType::F16 | DType::BF16) {
+            return;
+        }
+        cache.warned_half = true;
+        self.logger.warn(&format!(
+            "kv_cache with {dtype:?} compute: cached prefixes round differently from one forward \
+             pass, so greedy outputs and logprobs can differ slightly from kv_cache off; set \
+             `dtype = \"float32\"` in [backend.options] for identical results"
+        ));
     }
 
     fn count(&self, prompt: u32, cached: u32, generated: usize) {

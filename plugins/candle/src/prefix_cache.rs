@@ -1,0 +1,371 @@
+//! Prompt-prefix KV cache: a radix tree of token sequences whose edges own their KV segments.
+//!
+//! `lmhost explain` sends hundreds of prompts that are one conversation with parts removed;
+//! prompts that keep the same leading parts share a token prefix. Computing that prefix once and
+//! reusing its keys and values is the biggest speed lever of the product (issue 4, after the
+//! reference backend's `_attach_prefix_cache`).
+//!
+//! Design:
+//! - **Radix tree, KV on the edges.** Each node holds an edge label (tokens) and the KV state of
+//!   exactly those positions. A stored sequence is the path from the root to a node; its state is
+//!   the concatenation of the segments on that path. So a prefix shared by many stored prompts is
+//!   held once, a sequence that extends a stored one adds only its new positions, and a sequence
+//!   that is a prefix of a stored one adds nothing. Bytes held are the bytes of distinct prefixes.
+//! - **Lookup** walks the prompt down the tree (one hash probe per edge, one comparison per
+//!   token), so it costs O(prompt length) whatever the number of entries, and finds the longest
+//!   common prefix with *any* stored sequence, including one that diverges mid-edge. The state
+//!   it returns is a fresh concatenation (or a clone of one segment): the caller may append to
+//!   it, and nothing stored can change (see [`crate::kv`]).
+//! - **Entries are leaves.** Eviction is least-recently-used over leaves with a monotonic clock
+//!   (as SGLang's RadixAttention does): a lookup or store stamps every node on its path, and a
+//!   leaf is dropped only with its own segment, so a prefix still shared by other leaves stays.
+//!   A parent whose last child goes becomes a leaf with its own (newer) stamp.
+//! - Failures inside the cache (a tensor op that errors) are never fatal: a lookup that cannot
+//!   assemble its state is a miss, a store that cannot copy its segment stores nothing.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::engine::PrefixStore;
+use crate::kv::KvState;
+
+/// Counters and sizes of a [`PrefixCache`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Lookups that reused at least one token.
+    pub hits: u64,
+    /// Lookups that reused nothing.
+    pub misses: u64,
+    /// Tokens served from the cache, summed over hits.
+    pub reused_tokens: u64,
+    /// Tree leaves (cached segments) dropped to stay within `max_entries` / `max_bytes`.
+    pub evictions: u64,
+    /// Bytes of KV state held (each distinct prefix position counted once).
+    pub bytes: u64,
+    /// Distinct maximal sequences held (leaves of the tree).
+    pub entries: u64,
+}
+
+type NodeId = usize;
+const ROOT: NodeId = 0;
+
+/// One edge of the radix tree and the node it leads to.
+#[derive(Debug)]
+struct Node {
+    parent: NodeId,
+    /// Tokens of the edge from `parent`; empty only for the root.
+    edge: Vec<u32>,
+    /// KV state of exactly the positions of `edge`.
+    kv: KvState,
+    /// Children keyed by the first token of their edge.
+    children: HashMap<u32, NodeId>,
+    /// Clock value of the last lookup or store whose path reached this node.
+    stamp: u64,
+}
+
+/// A token-keyed store of KV snapshots with longest-common-prefix lookup and LRU eviction.
+#[derive(Debug)]
+pub struct PrefixCache {
+    /// Arena of nodes; `None` marks a free slot listed in `free`.
+    nodes: Vec<Option<Node>>,
+    free: Vec<NodeId>,
+    /// Leaves ordered by last use, oldest first.
+    leaves: BTreeSet<(u64, NodeId)>,
+    clock: u64,
+    max_entries: usize,
+    max_bytes: u64,
+    bytes: u64,
+    hits: u64,
+    misses: u64,
+    reused_tokens: u64,
+    evictions: u64,
+}
+
+impl PrefixCache {
+    /// A cache holding at most `max_entries` leaves and `max_bytes` bytes (0: no byte budget).
+    pub fn new(max_entries: usize, max_bytes: u64) -> Self {
+        PrefixCache {
+            nodes: vec![Some(Node {
+                parent: ROOT,
+                edge: Vec::new(),
+                kv: KvState::new(0),
+                children: HashMap::new(),
+                stamp: 0,
+            })],
+            free: Vec::new(),
+            leaves: BTreeSet::new(),
+            clock: 0,
+            max_entries,
+            max_bytes,
+            bytes: 0,
+            hits: 0,
+            misses: 0,
+            reused_tokens: 0,
+            evictions: 0,
+        }
+    }
+
+    /// Longest common prefix between `tokens` and any stored sequence, capped at
+    /// `tokens.len() - 1` so at least one token is left to compute logits from. Returns that
+    /// prefix's state (the caller owns it) and its length, or `None` on a miss.
+    pub fn lookup(&mut self, tokens: &[u32]) -> Option<(KvState, usize)> {
+        let wanted = &tokens[..tokens.len().saturating_sub(1)];
+        let path = self.walk(wanted);
+        let matched: usize = path.iter().map(|&(_, take)| take).sum();
+        let state = if matched == 0 {
+            None
+        } else {
+            self.assemble(&path)
+        };
+        let Some(state) = state else {
+            self.misses += 1;
+            return None;
+        };
+        let now = self.tick();
+        for &(id, _) in &path {
+            self.touch(id, now);
+        }
+        self.hits += 1;
+        self.reused_tokens += matched as u64;
+        Some((state, matched))
+    }
+
+    /// Stores `state` (whose length must equal `tokens.len()`) under `tokens`, keeping only the
+    /// positions no stored sequence already covers, then evicts least-recently-used leaves
+    /// beyond `max_entries` or `max_bytes`.
+    pub fn store(&mut self, tokens: &[u32], state: KvState) {
+        debug_assert_eq!(
+            state.len(),
+            tokens.len(),
+            "a stored state covers its tokens"
+        );
+        if tokens.is_empty() || state.len() != tokens.len() {
+            return;
+        }
+        let now = self.tick();
+        let mut node = ROOT;
+        let mut pos = 0;
+        while pos < tokens.len() {
+            let rest = &tokens[pos..];
+            let Some(child) = self.node(node).children.get(&rest[0]).copied() else {
+                self.add_leaf(node, rest, &state, pos, now);
+                break;
+            };
+            let common = common_prefix(&self.node(child).edge, rest);
+            if common == rest.len() || common == self.node(child).edge.len() {
+                // `tokens` ends inside or at the end of this edge, or continues below it.
+                self.touch(child, now);
+                node = child;
+                pos += common;
+                continue;
+            }
+            match self.split(child, common) {
+                Some(mid) => {
+                    self.touch(mid, now);
+                    node = mid;
+                    pos += common;
+                }
+                None => break,
+            }
+        }
+        self.evict();
+    }
+
+    pub fn stats(&self) -> PrefixCacheStats {
+        PrefixCacheStats {
+            hits: self.hits,
+            misses: self.misses,
+            reused_tokens: self.reused_tokens,
+            evictions: self.evictions,
+            bytes: self.bytes,
+            entries: self.leaves.len() as u64,
+        }
+    }
+
+    /// Drops every entry and zeroes the counters: the cache is as new, with the same budgets.
+    pub fn reset(&mut self) {
+        *self = PrefixCache::new(self.max_entries, self.max_bytes);
+    }
+
+    /// The nodes `tokens` runs through from the root, each with how many of its edge tokens
+    /// match (all but possibly the last).
+    fn walk(&self, tokens: &[u32]) -> Vec<(NodeId, usize)> {
+        let mut path = Vec::new();
+        let mut node = ROOT;
+        let mut pos = 0;
+        while let Some(&child) = tokens
+            .get(pos)
+            .and_then(|first| self.node(node).children.get(first))
+        {
+            let edge = &self.node(child).edge;
+            let take = common_prefix(edge, &tokens[pos..]);
+            path.push((child, take));
+            pos += take;
+            if take < edge.len() {
+                break;
+            }
+            node = child;
+        }
+        path
+    }
+
+    /// The state of a walked path: its segments, the last one cropped to what matched.
+    fn assemble(&self, path: &[(NodeId, usize)]) -> Option<KvState> {
+        let parts = path
+            .iter()
+            .map(|&(id, take)| {
+                let mut kv = self.node(id).kv.clone();
+                if take < kv.len() {
+                    kv.crop(take)?;
+                }
+                Ok(kv)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()
+            .ok()?;
+        KvState::concat(&parts).ok()
+    }
+
+    /// Hangs `tokens` (positions `start..` of `state`) below `parent` as a new leaf.
+    fn add_leaf(
+        &mut self,
+        parent: NodeId,
+        tokens: &[u32],
+        state: &KvState,
+        start: usize,
+        now: u64,
+    ) {
+        let Ok(kv) = state.slice(start, tokens.len()) else {
+            return;
+        };
+        self.bytes += kv.bytes();
+        let id = self.insert(Node {
+            parent,
+            edge: tokens.to_vec(),
+            kv,
+            children: HashMap::new(),
+            stamp: now,
+        });
+        let was_leaf = self.is_leaf(parent);
+        let parent_node = self.node_mut(parent);
+        parent_node.children.insert(tokens[0], id);
+        let parent_stamp = parent_node.stamp;
+        if was_leaf {
+            self.leaves.remove(&(parent_stamp, parent));
+        }
+        self.leaves.insert((now, id));
+    }
+
+    /// Cuts `child`'s edge after `at` tokens (0 < at < edge length): a new node takes the first
+    /// part and becomes `child`'s parent. Returns the new node, or `None` (tree unchanged) if the
+    /// segment could not be copied.
+    fn split(&mut self, child: NodeId, at: usize) -> Option<NodeId> {
+        let old = self.node(child);
+        let head = old.kv.slice(0, at).ok()?;
+        let tail = old.kv.slice(at, old.edge.len() - at).ok()?;
+        let (parent, stamp, old_bytes) = (old.parent, old.stamp, old.kv.bytes());
+        let head_tokens = old.edge[..at].to_vec();
+        let (first, tail_first) = (head_tokens[0], old.edge[at]);
+        self.bytes = self.bytes - old_bytes + head.bytes() + tail.bytes();
+        let mid = self.insert(Node {
+            parent,
+            children: HashMap::from([(tail_first, child)]),
+            edge: head_tokens,
+            kv: head,
+            stamp,
+        });
+        let old = self.node_mut(child);
+        old.edge.drain(..at);
+        old.kv = tail;
+        old.parent = mid;
+        self.node_mut(parent).children.insert(first, mid);
+        Some(mid)
+    }
+
+    /// Drops least-recently-used leaves while a budget is exceeded.
+    fn evict(&mut self) {
+        while self.over_budget() {
+            let Some((stamp, leaf)) = self.leaves.pop_first() else {
+                break;
+            };
+            let Some(node) = self.nodes[leaf].take() else {
+                continue;
+            };
+            debug_assert_eq!(stamp, node.stamp);
+            self.free.push(leaf);
+            self.bytes -= node.kv.bytes();
+            self.evictions += 1;
+            let parent = self.node_mut(node.parent);
+            parent.children.remove(&node.edge[0]);
+            if node.parent != ROOT && parent.children.is_empty() {
+                let parent_stamp = parent.stamp;
+                self.leaves.insert((parent_stamp, node.parent));
+            }
+        }
+    }
+
+    fn over_budget(&self) -> bool {
+        self.leaves.len() > self.max_entries || (self.max_bytes > 0 && self.bytes > self.max_bytes)
+    }
+
+    /// Marks `id` as used at `now`, keeping the leaf order in step.
+    fn touch(&mut self, id: NodeId, now: u64) {
+        let leaf = self.is_leaf(id);
+        let node = self.node_mut(id);
+        let old = std::mem::replace(&mut node.stamp, now);
+        if leaf {
+            self.leaves.remove(&(old, id));
+            self.leaves.insert((now, id));
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn is_leaf(&self, id: NodeId) -> bool {
+        id != ROOT && self.node(id).children.is_empty()
+    }
+
+    fn insert(&mut self, node: Node) -> NodeId {
+        match self.free.pop() {
+            Some(id) => {
+                self.nodes[id] = Some(node);
+                id
+            }
+            None => {
+                self.nodes.push(Some(node));
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    fn node(&self, id: NodeId) -> &Node {
+        self.nodes[id]
+            .as_ref()
+            .expect("tree links point at live nodes")
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id]
+            .as_mut()
+            .expect("tree links point at live nodes")
+    }
+}
+
+impl PrefixStore for PrefixCache {
+    fn lookup(&mut self, tokens: &[u32]) -> Option<(KvState, usize)> {
+        PrefixCache::lookup(self, tokens)
+    }
+
+    fn store(&mut self, tokens: &[u32], state: KvState) {
+        PrefixCache::store(self, tokens, state)
+    }
+}
+
+/// How many leading tokens `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests;
