@@ -10,8 +10,8 @@ pub mod engine;
 pub mod kv;
 pub mod models;
 pub mod options;
-pub mod processor;
 pub mod prefix_cache;
+pub mod processor;
 pub mod prompt;
 pub mod sampling;
 pub mod source;
@@ -103,7 +103,8 @@ impl Backend for Candle {
             returns_logprobs: true,
             scores_continuations: true,
             audio_input: self.speech.is_some(),
-            prefix_cache: true,
+            // Audio prompts are not token prefixes: a speech model never uses the cache.
+            prefix_cache: self.speech.is_none(),
             embeddings: true,
         }
     }
