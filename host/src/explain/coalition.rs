@@ -4,7 +4,7 @@
 use std::fmt;
 
 use lmhost_plugin_api::abi_stable::std_types::RVec;
-use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, Turn};
+use lmhost_plugin_api::{Audio, ConversationSnapshot, Message, Part, Role, Turn};
 
 use super::players::Players;
 use super::settings::Absence;
@@ -92,14 +92,15 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
         let mut messages = Vec::new();
         for (m, message) in turn.messages.iter().enumerate() {
             if let Some(text) = render_message(players, t, m, message, coalition, absence) {
-                if text == message.text_content() {
+                let present = players.any_present(t, m, coalition);
+                if present && text == message.text_content() {
                     // Unchanged: keep the original, non-text parts included.
                     messages.push(message.clone());
                     continue;
                 }
                 messages.push(Message {
                     role: message.role,
-                    parts: RVec::from(vec![Part::text(text)]),
+                    parts: rebuilt_parts(message, text, present),
                 });
             } else if !players.message_has_players(t, m) {
                 messages.push(message.clone());
@@ -117,6 +118,26 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
         });
     }
     ConversationSnapshot::new(turns).expect("rendered turns are never empty")
+}
+
+/// A rendered message's parts: its text, then its audio, which stays while any of the message's
+/// players is present and otherwise (only under `Pad`) becomes silence of the same length, the
+/// audio counterpart of a placeholder.
+fn rebuilt_parts(original: &Message, text: String, present: bool) -> RVec<Part> {
+    let text = (!text.is_empty()).then(|| Part::text(text));
+    let audio = original.parts.iter().filter_map(|part| match part {
+        Part::Audio { audio } if present => {
+            Some(part.clone()).filter(|_| !audio.samples.is_empty())
+        }
+        Part::Audio { audio } => Some(Part::Audio {
+            audio: Audio {
+                samples: RVec::from(vec![0.0; audio.samples.len()]),
+                sample_rate: audio.sample_rate,
+            },
+        }),
+        Part::Text { .. } => None,
+    });
+    text.into_iter().chain(audio).collect()
 }
 
 /// A message's text under a coalition, or `None` when it is dropped or holds no player.
@@ -138,7 +159,8 @@ fn render_message(
                 if k > 0 {
                     out.push_str(&text[layout.players[k - 1].1.end..span.start]);
                 }
-                if coalition.contains(player) {
+                // An empty span is an audio-only message: its audio is silenced instead.
+                if coalition.contains(player) || span.is_empty() {
                     out.push_str(&text[span.clone()]);
                 } else {
                     out.push_str(placeholder);
@@ -246,5 +268,35 @@ mod tests {
             &Absence::pad("[gone]"),
         );
         assert_eq!(texts(&padded)[0], "[gone]");
+    }
+
+    #[test]
+    fn absent_audio_is_dropped_or_silenced() {
+        let audio = |samples: Vec<f32>| Part::Audio {
+            audio: Audio {
+                samples: RVec::from(samples),
+                sample_rate: 4,
+            },
+        };
+        let messages = vec![
+            Message::text(Role::User, "Transcribe this."),
+            Message {
+                role: Role::User,
+                parts: RVec::from(vec![audio(vec![0.5, -0.5, 0.25])]),
+            },
+        ];
+        let conversation = ConversationSnapshot::new(vec![Turn {
+            messages: RVec::from(messages),
+        }])
+        .unwrap();
+        let p = Players::split(&conversation, &PlayerSpec::default()).unwrap();
+        assert_eq!(p.players()[1].text, "[audio 0.8 s]");
+        let with_audio = render(&p, &Coalition::full(2), &Absence::pad("_"));
+        assert_eq!(with_audio, conversation);
+        let deleted = render(&p, &Coalition::from_members(2, [0]), &Absence::Delete);
+        assert!(!deleted.has_audio());
+        let padded = render(&p, &Coalition::from_members(2, [0]), &Absence::pad("_"));
+        let silenced = padded.messages().nth(1).unwrap();
+        assert_eq!(silenced.parts.as_slice(), [audio(vec![0.0; 3])]);
     }
 }

@@ -4,9 +4,10 @@
 
 use std::ops::Range;
 
-use lmhost_plugin_api::{ConversationSnapshot, Role};
+use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role};
 use serde::Serialize;
 
+use super::coalition::Coalition;
 use super::error::ExplainError;
 pub use super::settings::Granularity;
 
@@ -105,7 +106,7 @@ impl Players {
                         };
                         players.push(Player {
                             id,
-                            text: text[span.clone()].to_string(),
+                            text: player_text(message, &text[span.clone()]),
                             role: message.role,
                             turn: t,
                             message: global,
@@ -153,8 +154,33 @@ impl Players {
         self.layouts.get(turn)?.get(message)?.as_ref()
     }
 
+    /// Whether any player of the message is in `coalition`.
+    pub(crate) fn any_present(&self, turn: usize, message: usize, coalition: &Coalition) -> bool {
+        self.layout(turn, message)
+            .is_some_and(|layout| layout.players.iter().any(|&(p, _)| coalition.contains(p)))
+    }
+
     pub(crate) fn message_has_players(&self, turn: usize, message: usize) -> bool {
         self.layout(turn, message).is_some()
+    }
+}
+
+/// What a report shows for a player: its text, or for an audio-only message its length.
+fn player_text(message: &Message, text: &str) -> String {
+    let seconds: f64 = message
+        .parts
+        .iter()
+        .filter_map(|part| match part {
+            Part::Audio { audio } if audio.sample_rate > 0 => {
+                Some(audio.samples.len() as f64 / f64::from(audio.sample_rate))
+            }
+            _ => None,
+        })
+        .sum();
+    if text.is_empty() && message.has_audio() {
+        format!("[audio {seconds:.1} s]")
+    } else {
+        text.to_string()
     }
 }
 
