@@ -75,7 +75,8 @@ fn smollm2_attributions_are_the_same_with_the_prefix_cache_on_and_off() {
     );
     assert_eq!(off["tokens"]["prompt_tokens_reused"].as_u64(), Some(0));
     for (a, b) in values(&on).iter().zip(values(&off)) {
-        assert!((a - b).abs() <= 1e-4, "cache on {a} vs off {b}");
+        // f32 rounding differs between chunked and one-pass prefill: 1.5e-5 measured over 8 players.
+        assert!((a - b).abs() <= 5e-5, "cache on {a} vs off {b}");
     }
     let gap = on["efficiency"]["gap"].as_f64().unwrap();
     assert!(gap.abs() < 1e-6, "exact Shapley is efficient: gap {gap}");
