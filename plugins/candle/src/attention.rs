@@ -35,7 +35,7 @@ fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         let mut map: BTreeMap<String, Arc<dyn Attention>> = BTreeMap::new();
-        map.insert("eager".into(), Arc::new(Eager));
+        map.insert("eager".into(), Arc::new(Eager::default()));
         map.insert("chunked".into(), Arc::new(Chunked { chunk: 128 }));
         RwLock::new(map)
     })
@@ -97,6 +97,22 @@ fn apply_mask(scores: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
     }
 }
 
+/// Keys are padded (hidden, zero values) to a multiple of this many positions. A query's softmax
+/// and weighted sum then run over the same SIMD lanes and GEMM tails whatever the number of real
+/// keys, so a row's output does not depend on how its prompt was split into forward passes: a
+/// prefix restored from the cache gives bit-identical results to computing it in one pass.
+pub const KEY_ALIGN: usize = 64;
+
+/// `(1, kvh, L, d)` → `(1, kvh, L', d)` with `L'` the next multiple of `align`.
+fn pad_keys(x: &Tensor, align: usize) -> Result<Tensor> {
+    let len = x.dim(2)?;
+    let pad = len.next_multiple_of(align.max(1)) - len;
+    if pad == 0 {
+        return Ok(x.clone());
+    }
+    x.pad_with_zeros(2, 0, pad)
+}
+
 /// Repeats each key/value head `n_rep` times: `(1, kvh, L, d)` → `(1, kvh * n_rep, L, d)`.
 pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
     if n_rep == 1 {
@@ -107,13 +123,24 @@ pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
 }
 
 /// Softmax(q kᵀ · scale + mask) v, materializing the whole score matrix; the reference.
-pub struct Eager;
+/// `key_align: 1` (no padding) is op for op candle-transformers' attention.
+pub struct Eager {
+    pub key_align: usize,
+}
+
+impl Default for Eager {
+    fn default() -> Self {
+        Eager {
+            key_align: KEY_ALIGN,
+        }
+    }
+}
 
 impl Attention for Eager {
     fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
         let q_len = q.dim(2)?;
-        let k = repeat_kv(k, p.n_rep)?;
-        let v = repeat_kv(v, p.n_rep)?;
+        let k = repeat_kv(&pad_keys(k, self.key_align)?, p.n_rep)?;
+        let v = repeat_kv(&pad_keys(v, self.key_align)?, p.n_rep)?;
         let scores = (q.matmul(&k.t()?)? * p.scale)?;
         let kv_len = k.dim(2)?;
         let mask = hidden_mask(q_len, p.offset, kv_len, p.sliding_window, q.device())?;
@@ -133,8 +160,8 @@ impl Attention for Chunked {
     fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
         let (b, heads, q_len, d) = q.dims4()?;
         let kv_heads = k.dim(1)?;
-        let kt = k.t()?.contiguous()?;
-        let v = v.contiguous()?;
+        let kt = pad_keys(k, KEY_ALIGN)?.t()?.contiguous()?;
+        let v = pad_keys(v, KEY_ALIGN)?.contiguous()?;
         let mut outs = Vec::new();
         for start in (0..q_len).step_by(self.chunk.max(1)) {
             let len = self.chunk.min(q_len - start);
@@ -209,7 +236,7 @@ mod tests {
                 offset,
                 sliding_window: window,
             };
-            let reference = Eager.forward(&q, &k, &v, &p).unwrap();
+            let reference = Eager { key_align: 1 }.forward(&q, &k, &v, &p).unwrap();
             for name in names() {
                 let out = resolve(&name).unwrap().forward(&q, &k, &v, &p).unwrap();
                 let diff = max_diff(&reference, &out);
