@@ -51,6 +51,28 @@ fn mock_loads_by_name_and_is_deterministic() {
     assert_eq!(score.logprobs, a.logprobs);
 }
 
+/// `score_batch` crosses the ABI (mock keeps the default body: one `score` per prompt) and
+/// returns one record per prompt, in order.
+#[test]
+fn score_batch_returns_each_prompts_record_in_order() {
+    let backend = Host::new().open(&config("mock", "")).unwrap();
+    let prompts: Vec<_> = ["one fish", "two fish red fish", "blue whale"]
+        .iter()
+        .map(|&p| ConversationSnapshot::from_prompt(p))
+        .collect();
+    let one_by_one: Vec<_> = prompts
+        .iter()
+        .map(|p| backend.score(p, "fish swim").unwrap())
+        .collect();
+    let batch = backend.score_batch(&prompts, "fish swim").unwrap();
+    let logprobs = |records: &[lmhost_plugin_api::ScoreRecord]| -> Vec<Vec<f32>> {
+        records.iter().map(|r| r.logprobs.to_vec()).collect()
+    };
+    assert_eq!(logprobs(&batch), logprobs(&one_by_one));
+    assert_ne!(batch[0].logprobs, batch[2].logprobs, "prompts must matter");
+    assert!(backend.score_batch(&[], "fish").unwrap().is_empty());
+}
+
 #[test]
 fn unknown_name_lists_directories_and_plugins_found() {
     let err = generate("no-such-backend", "hi").unwrap_err();

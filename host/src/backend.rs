@@ -58,6 +58,27 @@ impl Backend {
             .map_err(|e| self.wrap(e))
     }
 
+    /// `score` of `reply` after each prompt, in order, batched where the backend can.
+    pub fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<ScoreRecord>> {
+        let records = self
+            .inner
+            .score_batch(snapshots.into(), RStr::from_str(reply))
+            .into_result()
+            .map_err(|e| self.wrap(e))?;
+        if records.len() != snapshots.len() {
+            return Err(self.wrap(PluginError::internal(format!(
+                "score_batch returned {} records for {} prompts",
+                records.len(),
+                snapshots.len()
+            ))));
+        }
+        Ok(records.into_vec())
+    }
+
     pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<()> {
         self.inner
             .set_kv_cache(settings)

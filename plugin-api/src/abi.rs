@@ -6,7 +6,7 @@
 
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
-use abi_stable::std_types::{RBox, RResult, RStr, RString, RVec};
+use abi_stable::std_types::{RBox, RResult, RSlice, RStr, RString, RVec};
 use abi_stable::{declare_root_module_statics, package_version_strings, sabi_trait, StableAbi};
 use serde_json::{Map, Value};
 
@@ -45,6 +45,25 @@ pub trait GenerationBackend: Send + Sync {
     /// Releases the model; later calls fail with `BackendUnavailable`.
     #[sabi(last_prefix_field)]
     fn close(&self);
+
+    /// `score` of `reply` after each of `snapshots`, in order; fails whole, naming the prompt.
+    /// A backend that batches (one pass over many prompts) overrides it. The default, which is
+    /// also what the host gets from a plugin built before this method existed, scores one
+    /// prompt at a time.
+    fn score_batch(
+        &self,
+        snapshots: RSlice<'_, ConversationSnapshot>,
+        reply: RStr<'_>,
+    ) -> RResult<RVec<ScoreRecord>, PluginError> {
+        let mut records = RVec::with_capacity(snapshots.len());
+        for snapshot in snapshots.iter() {
+            match self.score(snapshot, reply) {
+                RResult::ROk(record) => records.push(record),
+                RResult::RErr(e) => return RResult::RErr(e),
+            }
+        }
+        RResult::ROk(records)
+    }
 }
 
 /// The owned, type-erased backend the host holds.

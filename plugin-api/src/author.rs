@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 
 use crate::abi::{
     BackendBox, GenerationBackend, GenerationBackend_TO, PluginContext, PluginMod, PluginModRef,
@@ -54,6 +54,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
             "backend `{}` cannot score continuations",
             Self::NAME
         )))
+    }
+
+    /// `score` of `reply` after each prompt, in order. Override it when the backend can do
+    /// better than one prompt at a time (one batched pass, concurrent requests).
+    fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        snapshots.iter().map(|s| self.score(s, reply)).collect()
     }
 
     fn set_kv_cache(&self, _settings: KvCacheSettings) -> Result<(), PluginError> {
@@ -134,6 +144,18 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
 
     fn close(&self) {
         guard_infallible(|| self.0.close(), ());
+    }
+
+    fn score_batch(
+        &self,
+        snapshots: RSlice<'_, ConversationSnapshot>,
+        reply: RStr<'_>,
+    ) -> RResult<RVec<ScoreRecord>, PluginError> {
+        guard(B::NAME, || {
+            self.0
+                .score_batch(snapshots.as_slice(), reply.as_str())
+                .map(RVec::from)
+        })
     }
 }
 
