@@ -1,7 +1,8 @@
 //! The prefix cache on a coalition workload, as `lmhost explain` produces it: an 8-message
 //! conversation, every non-empty subset of its messages rendered with SmolLM2's chat template,
-//! each scored against one fixed reply, in sorted prompt order; cache off, then cache on, in one
-//! run. Prints figures; asserts nothing (timings depend on the machine).
+//! each scored against one fixed reply, in sorted prompt order. Cache off, then cache on, in one
+//! run, both with one prompt per call and in batches of [`BATCH`] (`score_batch`, as explain
+//! sends them). Prints figures; asserts nothing (timings depend on the machine).
 //!
 //! `cargo run --release --example prefix_cache_bench [MESSAGES] [WEIGHTS]`
 //! (after `scripts/fetch-models`; MESSAGES defaults to 8, WEIGHTS to the backend's `auto`).
@@ -72,16 +73,91 @@ fn peak_rss_mib() -> f64 {
     kib / 1024.0
 }
 
+/// Prompts per `score_batch` call in the batched runs.
+const BATCH: usize = 32;
+
+/// Scores every prompt, `batch` prompts per call.
 fn score_all(
     b: &Candle,
     prompts: &[ConversationSnapshot],
+    batch: usize,
 ) -> anyhow::Result<(Vec<ScoreRecord>, Duration)> {
     let start = Instant::now();
-    let records = prompts
-        .iter()
-        .map(|s| b.score(s, REPLY))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut records = Vec::with_capacity(prompts.len());
+    for chunk in prompts.chunks(batch) {
+        match chunk {
+            [one] => records.push(b.score(one, REPLY)?),
+            many => records.extend(b.score_batch(many, REPLY)?),
+        }
+    }
     Ok((records, start.elapsed()))
+}
+
+fn set_cache(b: &Candle, enabled: bool) -> anyhow::Result<()> {
+    b.set_kv_cache(KvCacheSettings {
+        enabled,
+        max_entries: 4096,
+        max_bytes: 0,
+    })?;
+    Ok(())
+}
+
+/// One cache-off and one cache-on pass over the prompts, `batch` prompts per call.
+fn compare(
+    b: &Candle,
+    prompts: &[ConversationSnapshot],
+    total: usize,
+    batch: usize,
+    reference: Option<&[ScoreRecord]>,
+) -> anyhow::Result<Vec<ScoreRecord>> {
+    set_cache(b, false)?;
+    let (off, off_time) = score_all(b, prompts, batch)?;
+    let off_peak = peak_rss_mib();
+    set_cache(b, true)?;
+    let (on, on_time) = score_all(b, prompts, batch)?;
+    let on_peak = peak_rss_mib();
+    let stats = b.stats();
+    let reference = reference.unwrap_or(&off);
+    let drift = |records: &[ScoreRecord]| {
+        reference
+            .iter()
+            .zip(records)
+            .flat_map(|(a, b)| a.logprobs.iter().zip(b.logprobs.iter()))
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max)
+    };
+    let reused: u64 = on.iter().map(|r| u64::from(r.cached_prompt_tokens)).sum();
+    println!("\n{batch} prompt(s) per call:");
+    println!(
+        "  cache off: {:>7.1} s, {total} prompt tokens computed",
+        off_time.as_secs_f64()
+    );
+    println!(
+        "  cache on:  {:>7.1} s, {} prompt tokens computed, {reused} reused ({:.1}%)",
+        on_time.as_secs_f64(),
+        total as u64 - reused,
+        100.0 * reused as f64 / total as f64
+    );
+    println!(
+        "  hits {} / misses {} (hit rate {:.1}%), evictions {}",
+        stats.kv_cache_hits,
+        stats.kv_cache_misses,
+        100.0 * stats.kv_cache_hits as f64 / (stats.kv_cache_hits + stats.kv_cache_misses) as f64,
+        stats.kv_cache_evictions
+    );
+    println!(
+        "  cache holds {:.1} MiB; peak RSS {off_peak:.0} MiB after cache off, {on_peak:.0} MiB \
+         after cache on",
+        stats.kv_cache_bytes as f64 / (1024.0 * 1024.0)
+    );
+    println!(
+        "  wall-time ratio off/on: {:.2}x; max |Δ logprob| vs one-per-call cache off: off {:.1e}, \
+         on {:.1e}",
+        off_time.as_secs_f64() / on_time.as_secs_f64(),
+        drift(&off),
+        drift(&on)
+    );
+    Ok(off)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -116,48 +192,7 @@ fn main() -> anyhow::Result<()> {
         engine.encode(REPLY, false)?.len()
     );
 
-    let (off, off_time) = score_all(&b, &prompts)?;
-    let off_peak = peak_rss_mib();
-    b.set_kv_cache(KvCacheSettings {
-        enabled: true,
-        max_entries: 4096,
-        max_bytes: 0,
-    })?;
-    let (on, on_time) = score_all(&b, &prompts)?;
-    let on_peak = peak_rss_mib();
-    let stats = b.stats();
-
-    let reused: u64 = on.iter().map(|r| u64::from(r.cached_prompt_tokens)).sum();
-    let drift = off
-        .iter()
-        .zip(&on)
-        .map(|(a, b)| (a.total_logprob() - b.total_logprob()).abs())
-        .fold(0.0, f64::max);
-    println!(
-        "cache off: {:>8.1} s, {total} prompt tokens computed",
-        off_time.as_secs_f64()
-    );
-    println!(
-        "cache on:  {:>8.1} s, {} prompt tokens computed, {reused} reused ({:.1}%)",
-        on_time.as_secs_f64(),
-        total as u64 - reused,
-        100.0 * reused as f64 / total as f64
-    );
-    println!(
-        "hits {} / misses {} (hit rate {:.1}%), evictions {}",
-        stats.kv_cache_hits,
-        stats.kv_cache_misses,
-        100.0 * stats.kv_cache_hits as f64 / (stats.kv_cache_hits + stats.kv_cache_misses) as f64,
-        stats.kv_cache_evictions
-    );
-    println!(
-        "cache holds {:.1} MiB; peak RSS {off_peak:.0} MiB after cache off, {on_peak:.0} MiB \
-         after cache on",
-        stats.kv_cache_bytes as f64 / (1024.0 * 1024.0)
-    );
-    println!(
-        "wall-time ratio off/on: {:.2}x; max |Δ total logprob| off vs on: {drift:.2e}",
-        off_time.as_secs_f64() / on_time.as_secs_f64()
-    );
+    let reference = compare(&b, &prompts, total, 1, None)?;
+    compare(&b, &prompts, total, BATCH, Some(&reference))?;
     Ok(())
 }

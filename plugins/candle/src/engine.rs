@@ -1,9 +1,18 @@
 //! Prompting, prefill, decoding and scoring over a loaded model.
 //!
-//! Prompt processing is shaped for a prefix cache: look up the longest cached prefix, run only
-//! the uncovered prompt tokens except the last, store that all-but-last state, then continue
-//! with the last prompt token (decode, or score a reply). So every prompt token is computed
-//! once, and a stored state never includes a position whose logits a later call needs.
+//! Prompt processing is shaped for a prefix cache: look up the longest cached prefix, run the
+//! uncovered prompt tokens and what follows them (a scored reply) in one pass, store the
+//! all-but-last-token prompt state, then continue (decode, or read the reply's logprobs). So
+//! every prompt token is computed once, and a stored state never includes a position whose
+//! logits a later call needs.
+//!
+//! Scoring takes prompts in batches: their rows share one packed forward pass (the weights are
+//! read once per pass, the dominant cost of a small batch on CPU), and a prompt may take its
+//! prefix from an earlier prompt of the same pass, so batching loses no cache reuse.
+//!
+//! Results do not depend on how a prompt was split: keys are padded in attention (see
+//! [`crate::attention::KEY_ALIGN`]) and every pass has at least [`MIN_ROWS`] rows, so with f32
+//! weights a prompt's logprobs come out bit-identical with the cache on or off, alone or batched.
 
 use candle_core::Tensor;
 use lmhost_plugin_api::{
@@ -12,19 +21,53 @@ use lmhost_plugin_api::{
 };
 
 use crate::kv::KvState;
-use crate::models::{mean_rows, Forward, Logits};
+use crate::models::{mean_rows, Forward, Logits, Seq};
+use crate::prefix_cache::common_prefix;
 use crate::prompt::{self, ChatTemplate};
 use crate::sampling::{log_softmax, Rng, Sampler};
 use crate::source::Loaded;
 
-/// Prompt tokens per forward pass while prefilling (bounds activation memory).
+/// Rows per forward pass of one long sequence (bounds activation memory); a sequence longer
+/// than this runs alone, in chunks.
 const PREFILL_CHUNK: usize = 512;
+
+/// Tokens (before prefix reuse) that one packed pass of several sequences may hold.
+const PASS_TOKENS: usize = 2048;
+
+/// Fewest rows per prompt pass. Below this, GEMM takes kernels for skinny matrices that round
+/// differently, so a short pass is padded with throwaway copies of its last token (after it:
+/// they cannot influence it) whose state and logits are dropped.
+pub const MIN_ROWS: usize = 8;
 
 /// Where prefix states are kept between calls (the prefix cache implements this).
 pub trait PrefixStore: Send {
-    /// The longest stored prefix of `tokens` (at most `tokens.len() - 1`), cropped to it.
-    fn lookup(&mut self, tokens: &[u32]) -> Option<(KvState, usize)>;
+    /// The longest stored prefix of `tokens` (at most `tokens.len() - 1`), cropped to it, if it
+    /// is longer than `shared`: the positions the caller can already take from an earlier
+    /// prompt of its batch. Counts one lookup that reused the longer of the two.
+    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)>;
     fn store(&mut self, tokens: &[u32], state: KvState);
+}
+
+/// A token sequence to run: a prompt, then what follows it (a reply being scored).
+struct Item {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+}
+
+/// Where an [`Item`] begins: its state, an earlier item of its group whose first positions it
+/// takes, and the position of its first computed token.
+struct Start {
+    kv: KvState,
+    share: Option<(usize, usize)>,
+    at: usize,
+}
+
+/// What running an [`Item`] leaves: its state over all its tokens, the prompt positions it
+/// reused, and the logits of rows `prompt_len - 1..`.
+struct Ran {
+    kv: KvState,
+    reused: usize,
+    logits: Tensor,
 }
 
 /// A loaded model with its prompt format.
@@ -143,26 +186,165 @@ impl Engine {
             .map_err(internal)
     }
 
-    /// Fills a state with all prompt tokens but the last; returns it and how many came cached.
-    pub fn prefill(
+    /// Runs `items` in packed passes, reusing cached prefixes (and, within a pass, prefixes of
+    /// earlier items) when `store` is on, and storing each prompt's all-but-last state.
+    fn run(
         &self,
-        prompt: &[u32],
+        items: &[Item],
         mut store: Option<&mut dyn PrefixStore>,
-    ) -> Result<(KvState, usize), PluginError> {
-        let head = &prompt[..prompt.len() - 1];
-        let (mut kv, cached) = store
-            .as_deref_mut()
-            .and_then(|s| s.lookup(prompt))
-            .unwrap_or_else(|| (self.loaded.model.new_state(), 0));
-        for chunk in head[cached.min(head.len())..].chunks(PREFILL_CHUNK) {
-            self.forward(chunk, &mut kv, Logits::None)?;
+    ) -> Result<Vec<Ran>, PluginError> {
+        let mut ran = Vec::with_capacity(items.len());
+        let mut first = 0;
+        while first < items.len() {
+            let mut end = first + 1;
+            let mut tokens = items[first].tokens.len();
+            while items[first].tokens.len() <= PREFILL_CHUNK
+                && end < items.len()
+                && items[end].tokens.len() <= PREFILL_CHUNK
+                && tokens + items[end].tokens.len() <= PASS_TOKENS
+            {
+                tokens += items[end].tokens.len();
+                end += 1;
+            }
+            ran.extend(self.run_group(&items[first..end], store.as_deref_mut())?);
+            first = end;
         }
-        if let Some(s) = store {
-            if !head.is_empty() {
-                s.store(head, kv.clone());
+        Ok(ran)
+    }
+
+    /// One group: a single item of any length (in chunks), or several short ones in one pass.
+    fn run_group(
+        &self,
+        items: &[Item],
+        mut store: Option<&mut (dyn PrefixStore + '_)>,
+    ) -> Result<Vec<Ran>, PluginError> {
+        let starts = self.starts(items, store.as_deref_mut());
+        let reused: Vec<usize> = starts.iter().map(|s| s.at).collect();
+        let (kvs, logits) = self.passes(items, starts)?;
+        let mut ran = Vec::with_capacity(items.len());
+        for ((item, kv), (reused, logits)) in
+            items.iter().zip(kvs).zip(reused.into_iter().zip(logits))
+        {
+            if let Some(store) = store.as_deref_mut() {
+                let head = item.prompt_len - 1;
+                if head > 0 {
+                    let mut state = kv.clone();
+                    state.crop(head).map_err(internal)?;
+                    store.store(&item.tokens[..head], state);
+                }
+            }
+            let logits = Tensor::cat(&logits, 0).map_err(internal)?;
+            ran.push(Ran { kv, reused, logits });
+        }
+        Ok(ran)
+    }
+
+    /// Where each item begins: the longer of its cached prefix and the prefix it shares with an
+    /// earlier item of the group (only with a store: cache off means nothing is reused).
+    fn starts(
+        &self,
+        items: &[Item],
+        mut store: Option<&mut (dyn PrefixStore + '_)>,
+    ) -> Vec<Start> {
+        let model = &self.loaded.model;
+        (0..items.len())
+            .map(|j| {
+                let Some(store) = store.as_deref_mut() else {
+                    return Start {
+                        kv: model.new_state(),
+                        share: None,
+                        at: 0,
+                    };
+                };
+                let earlier = best_share(items, j);
+                let shared = earlier.map_or(0, |(_, n)| n);
+                let prompt = &items[j].tokens[..items[j].prompt_len];
+                match store.lookup(prompt, shared) {
+                    Some((kv, cached)) => Start {
+                        kv,
+                        share: None,
+                        at: cached,
+                    },
+                    None => Start {
+                        kv: model.new_state(),
+                        share: earlier,
+                        at: shared,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Runs every item from its start to its end: one packed pass for a group of short items,
+    /// chunks for a lone long one. Returns each item's state (cropped to its tokens) and its
+    /// logits, from row `prompt_len - 1` on, in pieces.
+    fn passes(
+        &self,
+        items: &[Item],
+        starts: Vec<Start>,
+    ) -> Result<(Vec<KvState>, Vec<Vec<Tensor>>), PluginError> {
+        let mut pos: Vec<usize> = starts.iter().map(|s| s.at).collect();
+        let shares: Vec<_> = starts.iter().map(|s| s.share).collect();
+        let mut kvs: Vec<KvState> = starts.into_iter().map(|s| s.kv).collect();
+        let mut logits: Vec<Vec<Tensor>> = vec![Vec::new(); items.len()];
+        let mut first_pass = true;
+        loop {
+            let active: Vec<usize> = (0..items.len())
+                .filter(|&j| pos[j] < items[j].tokens.len())
+                .collect();
+            if active.is_empty() {
+                return Ok((kvs, logits));
+            }
+            let rows: Vec<usize> = active
+                .iter()
+                .map(|&j| (items[j].tokens.len() - pos[j]).min(PREFILL_CHUNK))
+                .collect();
+            let padded: Vec<Vec<u32>> = active
+                .iter()
+                .zip(&rows)
+                .map(|(&j, &n)| self.padded(&items[j].tokens[pos[j]..pos[j] + n], pos[j]))
+                .collect();
+            // Shares index the group, so they hold in the first pass, where every item runs.
+            let mut seqs: Vec<Seq<'_>> = kvs
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| pos[*j] < items[*j].tokens.len())
+                .zip(&padded)
+                .map(|((j, kv), ids)| Seq {
+                    ids,
+                    share: shares[j].filter(|_| first_pass),
+                    logits_from: (items[j].prompt_len - 1).saturating_sub(pos[j]),
+                    kv,
+                })
+                .collect();
+            let (out, _) = self
+                .loaded
+                .model
+                .forward_packed(&mut seqs, false)
+                .map_err(internal)?;
+            drop(seqs);
+            first_pass = false;
+            for ((&j, &n), rows) in active.iter().zip(&rows).zip(out) {
+                let first_logit = (items[j].prompt_len - 1).max(pos[j]);
+                pos[j] += n;
+                // Drops the padding rows.
+                kvs[j].crop(pos[j]).map_err(internal)?;
+                if let Some(rows) = rows {
+                    let wanted = pos[j].saturating_sub(first_logit);
+                    logits[j].push(rows.narrow(0, 0, wanted).map_err(internal)?);
+                }
             }
         }
-        Ok((kv, cached))
+    }
+
+    /// `ids` (to run from position `start`) padded to [`MIN_ROWS`] with copies of its last
+    /// token, as far as the context allows.
+    fn padded(&self, ids: &[u32], start: usize) -> Vec<u32> {
+        let room = self.loaded.model.max_context().saturating_sub(start);
+        let rows = ids.len().max(MIN_ROWS.min(room));
+        let mut padded = ids.to_vec();
+        padded.resize(rows, ids.last().copied().unwrap_or_default());
+        padded
     }
 
     /// Logits of every position of `ids` from an empty state: the reference the tests use.
@@ -182,29 +364,34 @@ impl Engine {
         store: Option<&mut dyn PrefixStore>,
     ) -> Result<GenerationRecord, PluginError> {
         let prompt = self.prompt_ids(snapshot, 0)?;
-        let (mut kv, cached) = self.prefill(&prompt, store)?;
+        let item = Item {
+            prompt_len: prompt.len(),
+            tokens: prompt,
+        };
+        let Ran {
+            mut kv,
+            reused,
+            logits,
+        } = self
+            .run(std::slice::from_ref(&item), store)?
+            .pop()
+            .ok_or_else(|| PluginError::internal("no prompt state"))?;
         let sampler = Sampler {
             temperature: config.temperature,
             top_k: config.top_k as usize,
             top_p: config.top_p,
         };
         let mut rng = Rng::new(config.seed);
-        let mut next = prompt[prompt.len() - 1];
+        let mut row = rows(&logits)?.pop().unwrap_or_default();
         let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
-        let mut text = String::new();
-        let mut finish = FinishReason::Length;
-        while ids.len() < config.max_new_tokens as usize && kv.len() < self.max_context {
-            let out = self.forward(&[next], &mut kv, Logits::Last)?;
-            let logits = out
-                .logits
-                .ok_or_else(|| PluginError::internal("no logits"))?;
-            let row = rows(&logits)?.pop().unwrap_or_default();
-            next = sampler.pick(&row, &mut rng);
+        let mut text;
+        let finish = loop {
+            let next = sampler.pick(&row, &mut rng);
             logprobs.push(logprob_of(&row, next));
             ids.push(next);
             if self.loaded.eos_ids.contains(&next) {
-                finish = FinishReason::Eos;
-                break;
+                text = self.decode(&ids)?;
+                break FinishReason::Eos;
             }
             text = self.decode(&ids)?;
             if let Some(cut) = config
@@ -214,13 +401,17 @@ impl Engine {
                 .min()
             {
                 text.truncate(cut);
-                finish = FinishReason::StopString;
-                break;
+                break FinishReason::StopString;
             }
-        }
-        if finish == FinishReason::Eos {
-            text = self.decode(&ids)?;
-        }
+            if ids.len() >= config.max_new_tokens as usize || kv.len() >= self.max_context {
+                break FinishReason::Length;
+            }
+            let out = self.forward(&[next], &mut kv, Logits::Last)?;
+            let logits = out
+                .logits
+                .ok_or_else(|| PluginError::internal("no logits"))?;
+            row = rows(&logits)?.pop().unwrap_or_default();
+        };
         let (embedding, contextual) = if config.compute_embeddings {
             let (e, c) = self.embeddings(&ids)?;
             (Some(e.into()), Some(c.into()))
@@ -233,8 +424,8 @@ impl Engine {
             logprobs: logprobs.into(),
             embedding: embedding.into(),
             contextual_embedding: contextual.into(),
-            prompt_tokens: prompt.len() as u32,
-            cached_prompt_tokens: cached as u32,
+            prompt_tokens: item.prompt_len as u32,
+            cached_prompt_tokens: reused as u32,
             finish_reason: finish,
         })
     }
@@ -257,36 +448,80 @@ impl Engine {
         Ok((stat, mean_rows(&hidden).map_err(internal)?))
     }
 
-    /// Teacher-forced log-probabilities of `reply` after the prompt, in one pass over the reply.
+    /// Teacher-forced log-probabilities of `reply` after each prompt, the prompts batched into
+    /// packed passes. A prompt that cannot be scored (too long) fails the call, naming it.
+    pub fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+        store: Option<&mut dyn PrefixStore>,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        let reply_ids = self.encode(reply, false)?;
+        let items = snapshots
+            .iter()
+            .enumerate()
+            .map(|(i, snapshot)| {
+                let mut tokens = self.prompt_ids(snapshot, reply_ids.len()).map_err(|e| {
+                    if snapshots.len() > 1 {
+                        PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
+                    } else {
+                        e
+                    }
+                })?;
+                let prompt_len = tokens.len();
+                tokens.extend_from_slice(&reply_ids[..reply_ids.len().saturating_sub(1)]);
+                Ok(Item { tokens, prompt_len })
+            })
+            .collect::<Result<Vec<_>, PluginError>>()?;
+        if reply_ids.is_empty() {
+            // Nothing to score: no pass, no cache traffic.
+            return Ok(items.iter().map(|item| record(item, &[], &[], 0)).collect());
+        }
+        self.run(&items, store)?
+            .iter()
+            .zip(&items)
+            .map(|(ran, item)| {
+                let logprobs: Vec<f32> = rows(&ran.logits)?
+                    .iter()
+                    .zip(&reply_ids)
+                    .map(|(row, &id)| logprob_of(row, id))
+                    .collect();
+                Ok(record(item, &reply_ids, &logprobs, ran.reused))
+            })
+            .collect()
+    }
+
+    /// [`Engine::score_batch`] of one prompt.
     pub fn score(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
         store: Option<&mut dyn PrefixStore>,
     ) -> Result<ScoreRecord, PluginError> {
-        let reply_ids = self.encode(reply, false)?;
-        let prompt = self.prompt_ids(snapshot, reply_ids.len())?;
-        let (mut kv, cached) = self.prefill(&prompt, store)?;
-        let mut input = vec![prompt[prompt.len() - 1]];
-        input.extend_from_slice(&reply_ids[..reply_ids.len().saturating_sub(1)]);
-        let logprobs = if reply_ids.is_empty() {
-            Vec::new()
-        } else {
-            let out = self.forward(&input, &mut kv, Logits::All)?;
-            let logits = out
-                .logits
-                .ok_or_else(|| PluginError::internal("no logits"))?;
-            rows(&logits)?
-                .iter()
-                .zip(&reply_ids)
-                .map(|(row, &id)| logprob_of(row, id))
-                .collect()
-        };
-        Ok(ScoreRecord {
-            token_ids: reply_ids.into(),
-            logprobs: logprobs.into(),
-            prompt_tokens: prompt.len() as u32,
-            cached_prompt_tokens: cached as u32,
-        })
+        self.score_batch(std::slice::from_ref(snapshot), reply, store)?
+            .pop()
+            .ok_or_else(|| PluginError::internal("no score record"))
     }
+}
+
+fn record(item: &Item, reply_ids: &[u32], logprobs: &[f32], reused: usize) -> ScoreRecord {
+    ScoreRecord {
+        token_ids: reply_ids.to_vec().into(),
+        logprobs: logprobs.to_vec().into(),
+        prompt_tokens: item.prompt_len as u32,
+        cached_prompt_tokens: reused as u32,
+    }
+}
+
+/// The earlier item sharing the longest token prefix with item `j`, and how many of its
+/// positions `j` can take (all but `j`'s last prompt token, at most).
+fn best_share(items: &[Item], j: usize) -> Option<(usize, usize)> {
+    let item = &items[j];
+    (0..j)
+        .map(|i| {
+            let n = common_prefix(&items[i].tokens, &item.tokens).min(item.prompt_len - 1);
+            (i, n)
+        })
+        .filter(|&(_, n)| n > 0)
+        .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
 }

@@ -49,6 +49,19 @@ impl KvState {
         Ok((k, v))
     }
 
+    /// Makes `layer` hold positions `0..len` of `other`'s `layer` (a view, no copy): a sequence
+    /// of a packed forward taking a prefix another sequence of the same pass has just computed.
+    /// Nothing is written into `other`: a later append here concatenates into new tensors.
+    pub fn adopt(&mut self, layer: usize, other: &KvState, len: usize) -> Result<()> {
+        self.layers[layer] = match other.layer(layer) {
+            Some((k, v)) if len > 0 => {
+                Some((k.narrow(SEQ_DIM, 0, len)?, v.narrow(SEQ_DIM, 0, len)?))
+            }
+            _ => None,
+        };
+        Ok(())
+    }
+
     /// Keeps the first `len` positions of every layer.
     pub fn crop(&mut self, len: usize) -> Result<()> {
         for slot in &mut self.layers {

@@ -138,16 +138,39 @@ impl Backend for Candle {
         snapshot: &ConversationSnapshot,
         reply: &str,
     ) -> Result<ScoreRecord, PluginError> {
-        if let Some(record) = self.speech(|audio| audio.score(snapshot, reply))? {
-            self.count(record.prompt_tokens, 0, 0);
-            return Ok(record);
+        self.score_batch(std::slice::from_ref(snapshot), reply)?
+            .pop()
+            .ok_or_else(|| PluginError::internal("no score record"))
+    }
+
+    /// Text prompts run in packed passes (see [`engine`]); a speech model scores one at a time.
+    fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        if self.speech.is_some() {
+            let mut records = Vec::with_capacity(snapshots.len());
+            for snapshot in snapshots {
+                if let Some(record) = self.speech(|audio| audio.score(snapshot, reply))? {
+                    self.count(record.prompt_tokens, 0, 0);
+                    records.push(record);
+                }
+            }
+            return Ok(records);
         }
-        self.refuse_audio(snapshot)?;
+        snapshots
+            .iter()
+            .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
         let engine = self.engine()?;
-        let record =
-            self.with_store(|store| self.pool.install(|| engine.score(snapshot, reply, store)))?;
-        self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
-        Ok(record)
+        let records = self.with_store(|store| {
+            self.pool
+                .install(|| engine.score_batch(snapshots, reply, store))
+        })?;
+        for record in &records {
+            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
+        }
+        Ok(records)
     }
 
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {

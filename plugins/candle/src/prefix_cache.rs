@@ -15,7 +15,9 @@
 //!   token), so it costs O(prompt length) whatever the number of entries, and finds the longest
 //!   common prefix with *any* stored sequence, including one that diverges mid-edge. The state
 //!   it returns is a fresh concatenation (or a clone of one segment): the caller may append to
-//!   it, and nothing stored can change (see [`crate::kv`]).
+//!   it, and nothing stored can change (see [`crate::kv`]). A batched caller says how much it
+//!   can already take from an earlier prompt of its batch; the counters record what was reused
+//!   from either, so they match the records' `cached_prompt_tokens`.
 //! - **Entries are leaves.** Eviction is least-recently-used over leaves with a monotonic clock
 //!   (as SGLang's RadixAttention does): a lookup or store stamps every node on its path, and a
 //!   leaf is dropped only with its own segment, so a prefix still shared by other leaves stays.
@@ -106,27 +108,35 @@ impl PrefixCache {
 
     /// Longest common prefix between `tokens` and any stored sequence, capped at
     /// `tokens.len() - 1` so at least one token is left to compute logits from. Returns that
-    /// prefix's state (the caller owns it) and its length, or `None` on a miss.
-    pub fn lookup(&mut self, tokens: &[u32]) -> Option<(KvState, usize)> {
+    /// prefix's state (the caller owns it) and its length when it is longer than `shared`, the
+    /// positions the caller can take from elsewhere (an earlier prompt of its batch). Counts a
+    /// hit reusing the longer of the two, or a miss when both are 0.
+    pub fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)> {
         let wanted = &tokens[..tokens.len().saturating_sub(1)];
         let path = self.walk(wanted);
         let matched: usize = path.iter().map(|&(_, take)| take).sum();
-        let state = if matched == 0 {
-            None
-        } else {
+        let state = if matched > shared {
             self.assemble(&path)
+        } else {
+            None
         };
-        let Some(state) = state else {
+        let reused = match state {
+            Some(_) => matched,
+            None => shared.min(wanted.len()),
+        };
+        if reused == 0 {
             self.misses += 1;
-            return None;
-        };
-        let now = self.tick();
-        for &(id, _) in &path {
-            self.touch(id, now);
+        } else {
+            self.hits += 1;
+            self.reused_tokens += reused as u64;
         }
-        self.hits += 1;
-        self.reused_tokens += matched as u64;
-        Some((state, matched))
+        if matched > 0 {
+            let now = self.tick();
+            for &(id, _) in &path {
+                self.touch(id, now);
+            }
+        }
+        state.map(|state| (state, matched))
     }
 
     /// Stores `state` (whose length must equal `tokens.len()`) under `tokens`, keeping only the
@@ -353,8 +363,8 @@ impl PrefixCache {
 }
 
 impl PrefixStore for PrefixCache {
-    fn lookup(&mut self, tokens: &[u32]) -> Option<(KvState, usize)> {
-        PrefixCache::lookup(self, tokens)
+    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)> {
+        PrefixCache::lookup(self, tokens, shared)
     }
 
     fn store(&mut self, tokens: &[u32], state: KvState) {
@@ -363,7 +373,7 @@ impl PrefixStore for PrefixCache {
 }
 
 /// How many leading tokens `a` and `b` share.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

@@ -322,7 +322,11 @@ struct LastPrompt {
 }
 
 impl lmhost_candle::engine::PrefixStore for LastPrompt {
-    fn lookup(&mut self, tokens: &[u32]) -> Option<(lmhost_candle::kv::KvState, usize)> {
+    fn lookup(
+        &mut self,
+        tokens: &[u32],
+        shared: usize,
+    ) -> Option<(lmhost_candle::kv::KvState, usize)> {
         self.lookups += 1;
         let (stored, state) = self.entry.as_ref()?;
         let n = stored
@@ -333,7 +337,7 @@ impl lmhost_candle::engine::PrefixStore for LastPrompt {
         let n = n.min(tokens.len() - 1);
         let mut state = state.clone();
         state.crop(n).ok()?;
-        (n > 0).then_some((state, n))
+        (n > shared).then_some((state, n))
     }
 
     fn store(&mut self, tokens: &[u32], state: lmhost_candle::kv::KvState) {
@@ -408,4 +412,77 @@ fn qwen2_loads_its_qkv_biases_and_they_matter() {
     candle_core::safetensors::save(&tensors, model.join("model.safetensors")).unwrap();
     let biased = logits(&backend(&model, json!({})), "bias check");
     assert!(max_diff(&reference, &biased) > 1e-3, "biases had no effect");
+}
+
+/// A packed pass gives each sequence the logits it gets alone: sequences with a cached state,
+/// one that takes its prefix from an earlier sequence of the pass, and one from scratch.
+#[test]
+fn a_packed_pass_matches_each_sequence_run_alone() {
+    use lmhost_candle::models::{Logits, Seq};
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let b = backend(&path, json!({"weights": "f32"}));
+    let engine = b.engine().unwrap();
+    let model = &engine.loaded.model;
+    let a: Vec<u32> = (3..40).collect();
+    let mut b_ids = a[..20].to_vec();
+    b_ids.extend(60..75);
+    let c: Vec<u32> = (80..92).collect();
+    let alone = |ids: &[u32]| {
+        let mut kv = model.new_state();
+        let out = model.forward(ids, &mut kv, Logits::All, false).unwrap();
+        out.logits.unwrap().to_vec2::<f32>().unwrap()
+    };
+    let (ref_a, ref_b, ref_c) = (alone(&a), alone(&b_ids), alone(&c));
+
+    // `a` resumes from a state holding its first 9 positions; `b` shares 20 with `a`.
+    let mut kv_a = model.new_state();
+    model
+        .forward(&a[..9], &mut kv_a, Logits::None, false)
+        .unwrap();
+    let (mut kv_b, mut kv_c) = (model.new_state(), model.new_state());
+    let mut seqs = [
+        Seq {
+            ids: &a[9..],
+            kv: &mut kv_a,
+            share: None,
+            logits_from: 0,
+        },
+        Seq {
+            ids: &b_ids[20..],
+            kv: &mut kv_b,
+            share: Some((0, 20)),
+            logits_from: 0,
+        },
+        Seq {
+            ids: &c,
+            kv: &mut kv_c,
+            share: None,
+            logits_from: 4,
+        },
+    ];
+    let (logits, _) = model.forward_packed(&mut seqs, false).unwrap();
+    let rows = |i: usize| logits[i].as_ref().unwrap().to_vec2::<f32>().unwrap();
+    assert!(max_diff(&rows(0), &ref_a[9..]) <= 1e-5);
+    assert!(max_diff(&rows(1), &ref_b[20..]) <= 1e-5);
+    assert!(max_diff(&rows(2), &ref_c[4..]) <= 1e-5);
+    assert_eq!(
+        (kv_a.len(), kv_b.len(), kv_c.len()),
+        (a.len(), b_ids.len(), c.len())
+    );
+
+    // A share must point back, at positions that sequence holds, into an empty state.
+    let mut kv_d = model.new_state();
+    let err = model
+        .forward_packed(
+            &mut [Seq {
+                ids: &c,
+                kv: &mut kv_d,
+                share: Some((0, 3)),
+                logits_from: 0,
+            }],
+            false,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot take 3 positions"), "{err}");
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Result, Tensor};
 use serde::Deserialize;
 
-use super::{Forward, Logits};
+use super::Seq;
 use crate::attention::{Attention, AttnParams};
 use crate::kv::KvState;
 use crate::weights::{Linear, Weight, WeightFormat, WeightSource};
@@ -167,15 +167,32 @@ impl Rope {
         })
     }
 
-    fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
-        let len = x.dim(2)?;
-        let cos = self.cos.narrow(0, offset, len)?;
-        let sin = self.sin.narrow(0, offset, len)?;
+    /// The table rows of `positions` (one per row of a packed pass).
+    fn at(&self, positions: &[u32]) -> Result<RopeRows> {
+        let index = Tensor::new(positions, self.cos.device())?;
+        Ok(RopeRows {
+            cos: self.cos.index_select(&index, 0)?,
+            sin: self.sin.index_select(&index, 0)?,
+            interleaved: self.interleaved,
+        })
+    }
+}
+
+/// Rotations for the rows of one pass, gathered once and applied in every layer.
+struct RopeRows {
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+}
+
+impl RopeRows {
+    /// Rotates `x`, shaped `(1, heads, rows, head_dim)`.
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
         if self.interleaved {
-            candle_nn::rotary_emb::rope_i(&x, &cos, &sin)
+            candle_nn::rotary_emb::rope_i(&x, &self.cos, &self.sin)
         } else {
-            candle_nn::rotary_emb::rope(&x, &cos, &sin)
+            candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin)
         }
     }
 }
@@ -317,46 +334,51 @@ impl Llama {
         })
     }
 
+    /// Attention of every sequence of a packed pass: projections over all rows at once, then
+    /// each sequence's queries against its own keys.
     fn attention(
         &self,
         b: &Block,
         x: &Tensor,
         layer: usize,
-        offset: usize,
-        kv: &mut KvState,
+        rope: &RopeRows,
+        seqs: &mut [Seq<'_>],
+        starts: &[usize],
     ) -> Result<Tensor> {
-        let (batch, len, hidden) = x.dims3()?;
+        let (_, rows, _) = x.dims3()?;
         let (nh, kvh, d) = (
             self.cfg.num_attention_heads,
             self.cfg.kv_heads(),
             self.cfg.head_dim(),
         );
-        let q =
-            b.q.forward(x)?
-                .reshape((batch, len, nh, d))?
-                .transpose(1, 2)?;
-        let k =
-            b.k.forward(x)?
-                .reshape((batch, len, kvh, d))?
-                .transpose(1, 2)?;
-        let v =
-            b.v.forward(x)?
-                .reshape((batch, len, kvh, d))?
-                .transpose(1, 2)?
-                .contiguous()?;
-        let q = self.rope.apply(&q, offset)?;
-        let k = self.rope.apply(&k, offset)?;
-        let (k, v) = kv.append(layer, &k, &v)?;
-        let params = AttnParams {
-            scale: 1.0 / (d as f64).sqrt(),
-            n_rep: nh / kvh,
-            offset,
-            sliding_window: self.cfg.window(),
-        };
-        let y = self.attention.forward(&q, &k, &v, &params)?;
-        let y = y.transpose(1, 2)?.reshape((batch, len, nh * d))?;
-        debug_assert_eq!(hidden, self.cfg.hidden_size);
-        b.o.forward(&y)
+        let heads = |t: Tensor, n: usize| t.reshape((1, rows, n, d))?.transpose(1, 2);
+        let q = rope.apply(&heads(b.q.forward(x)?, nh)?)?;
+        let k = rope.apply(&heads(b.k.forward(x)?, kvh)?)?;
+        let v = heads(b.v.forward(x)?, kvh)?.contiguous()?;
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for (j, &offset) in starts.iter().enumerate() {
+            let (earlier, rest) = seqs.split_at_mut(j);
+            let seq = &mut rest[0];
+            let n = seq.ids.len();
+            if let Some((i, shared)) = seq.share {
+                seq.kv.adopt(layer, earlier[i].kv, shared)?;
+            }
+            let (k, v) = seq
+                .kv
+                .append(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
+            let params = AttnParams {
+                scale: 1.0 / (d as f64).sqrt(),
+                n_rep: nh / kvh,
+                offset,
+                sliding_window: self.cfg.window(),
+            };
+            let q = q.narrow(2, row, n)?.contiguous()?;
+            outs.push(self.attention.forward(&q, &k, &v, &params)?);
+            row += n;
+        }
+        let y = Tensor::cat(&outs, 2)?;
+        b.o.forward(&y.transpose(1, 2)?.reshape((1, rows, nh * d))?)
     }
 
     fn mlp(b: &Block, x: &Tensor) -> Result<Tensor> {
@@ -364,42 +386,100 @@ impl Llama {
         b.down.forward(&(gate * b.up.forward(x)?)?)
     }
 
-    /// Runs the blocks over `ids`, returning the final normalized hidden states `(1, L, h)`.
-    fn trunk(&self, ids: &[u32], kv: &mut KvState) -> Result<Tensor> {
+    /// Runs the blocks over every sequence's ids, returning the final normalized hidden states
+    /// of all rows, `(rows, h)`.
+    fn trunk(&self, seqs: &mut [Seq<'_>]) -> Result<Tensor> {
+        // Read before layer 0 grows the states.
+        let starts = check_shares(seqs)?;
+        let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        let positions: Vec<u32> = seqs
+            .iter()
+            .zip(&starts)
+            .flat_map(|(s, &start)| (start..start + s.ids.len()).map(|p| p as u32))
+            .collect();
+        if positions
+            .last()
+            .is_some_and(|&p| p as usize >= self.max_context)
+        {
+            candle_core::bail!(
+                "position {} is past the model's context of {} tokens",
+                positions.last().copied().unwrap_or_default(),
+                self.max_context
+            );
+        }
+        let rope = self.rope.at(&positions)?;
         let device = self.embed.device();
-        let ids_t = Tensor::new(ids, device)?;
-        let mut x = self.embed.index_select(&ids_t, 0)?.unsqueeze(0)?;
-        // Read once: layer 0 grows the state before layer 1 runs.
-        let offset = kv.len();
+        let mut x = self
+            .embed
+            .index_select(&Tensor::new(ids.as_slice(), device)?, 0)?
+            .unsqueeze(0)?;
         for (i, b) in self.blocks.iter().enumerate() {
-            let attn = self.attention(b, &b.attn_norm.forward(&x)?, i, offset, kv)?;
+            let attn = self.attention(b, &b.attn_norm.forward(&x)?, i, &rope, seqs, &starts)?;
             let x1 = (attn + &x)?;
             x = (Self::mlp(b, &b.mlp_norm.forward(&x1)?)? + x1)?;
         }
-        self.norm.forward(&x)
+        self.norm.forward(&x)?.squeeze(0)
     }
 }
 
-impl super::CausalLm for Llama {
-    fn forward(
-        &self,
-        ids: &[u32],
-        kv: &mut KvState,
-        logits: Logits,
-        hidden: bool,
-    ) -> Result<Forward> {
-        let states = self.trunk(ids, kv)?.squeeze(0)?;
-        let logits = match logits {
-            Logits::None => None,
-            Logits::Last => Some(states.narrow(0, ids.len() - 1, 1)?),
-            Logits::All => Some(states.clone()),
+/// Each sequence's start position, after checking that every share points at an earlier
+/// sequence, covers only positions that sequence will hold, and lands in an empty state.
+fn check_shares(seqs: &[Seq<'_>]) -> Result<Vec<usize>> {
+    let starts: Vec<usize> = seqs.iter().map(Seq::start).collect();
+    for (j, seq) in seqs.iter().enumerate() {
+        if seq.ids.is_empty() {
+            candle_core::bail!("sequence {j} of a packed pass has no ids");
         }
-        .map(|h| self.lm_head.forward(&h)?.to_dtype(DType::F32))
-        .transpose()?;
-        Ok(Forward {
-            logits,
-            hidden: hidden.then_some(states),
-        })
+        if let Some((i, n)) = seq.share {
+            if i >= j || n > starts[i] + seqs[i].ids.len() || !seq.kv.is_empty() {
+                candle_core::bail!("sequence {j} cannot take {n} positions from sequence {i}");
+            }
+        }
+    }
+    Ok(starts)
+}
+
+impl super::CausalLm for Llama {
+    fn forward_packed(
+        &self,
+        seqs: &mut [Seq<'_>],
+        hidden: bool,
+    ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        let states = self.trunk(seqs)?;
+        // The rows that want logits go through the output layer together.
+        let mut wanted = Vec::new();
+        let mut row = 0;
+        for seq in seqs.iter() {
+            let n = seq.ids.len();
+            let from = seq.logits_from.min(n);
+            if from < n {
+                wanted.push(states.narrow(0, row + from, n - from)?);
+            }
+            row += n;
+        }
+        let logits = match wanted.len() {
+            0 => None,
+            _ => Some(
+                self.lm_head
+                    .forward(&Tensor::cat(&wanted, 0)?)?
+                    .to_dtype(DType::F32)?,
+            ),
+        };
+        let mut at = 0;
+        let per_seq = seqs
+            .iter()
+            .map(|seq| {
+                let count = seq.ids.len() - seq.logits_from.min(seq.ids.len());
+                match &logits {
+                    Some(all) if count > 0 => {
+                        at += count;
+                        all.narrow(0, at - count, count).map(Some)
+                    }
+                    _ => Ok(None),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((per_seq, hidden.then_some(states)))
     }
 
     fn new_state(&self) -> KvState {

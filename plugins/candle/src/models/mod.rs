@@ -31,8 +31,39 @@ pub struct Forward {
     pub hidden: Option<Tensor>,
 }
 
+/// One sequence of a packed forward pass: `ids` run at positions `start..`, after the positions
+/// `kv` holds or, with `share`, after positions taken from an earlier sequence of the pass.
+pub struct Seq<'a> {
+    pub ids: &'a [u32],
+    /// Extended by the pass with the keys and values of `ids`.
+    pub kv: &'a mut KvState,
+    /// `(i, n)`: positions `0..n` are those of earlier sequence `i` of the same pass (their
+    /// tokens agree), adopted layer by layer as `i` computes them; `kv` must be empty. This is
+    /// how prompts of one batch share a prefix none of them has cached yet.
+    pub share: Option<(usize, usize)>,
+    /// Rows `logits_from..` of `ids` get logits (`ids.len()`: none).
+    pub logits_from: usize,
+}
+
+impl Seq<'_> {
+    /// The position of the sequence's first id.
+    pub fn start(&self) -> usize {
+        self.share.map_or(self.kv.len(), |(_, n)| n)
+    }
+}
+
 /// A causal language model: ids in, logits out, attention state in a [`KvState`].
 pub trait CausalLm: Send + Sync {
+    /// Runs several sequences in one pass. The linear layers see all their rows at once, so the
+    /// weights are read once per pass, not once per sequence; attention runs per sequence.
+    /// Returns the logits each sequence asked for, and the final hidden states of all rows
+    /// `(total rows, hidden)` when `hidden` is set.
+    fn forward_packed(
+        &self,
+        seqs: &mut [Seq<'_>],
+        hidden: bool,
+    ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)>;
+
     /// Runs `ids` at positions `kv.len()..`, appending their keys and values to `kv`.
     fn forward(
         &self,
@@ -40,7 +71,24 @@ pub trait CausalLm: Send + Sync {
         kv: &mut KvState,
         logits: Logits,
         hidden: bool,
-    ) -> Result<Forward>;
+    ) -> Result<Forward> {
+        let logits_from = match logits {
+            Logits::None => ids.len(),
+            Logits::Last => ids.len().saturating_sub(1),
+            Logits::All => 0,
+        };
+        let mut seq = [Seq {
+            ids,
+            kv,
+            share: None,
+            logits_from,
+        }];
+        let (mut logits, hidden) = self.forward_packed(&mut seq, hidden)?;
+        Ok(Forward {
+            logits: logits.pop().flatten(),
+            hidden,
+        })
+    }
     /// A fresh, empty state for this model.
     fn new_state(&self) -> KvState;
     /// The input-embedding rows of `ids`, `(ids.len(), hidden)` in f32.

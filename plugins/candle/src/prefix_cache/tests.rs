@@ -64,7 +64,7 @@ fn decode(state: &KvState) -> Vec<u32> {
 
 /// Looks `tokens` up and checks the state covers exactly the reported match of `tokens`.
 fn matched(cache: &mut PrefixCache, tokens: &[u32]) -> usize {
-    let found = cache.lookup(tokens);
+    let found = cache.lookup(tokens, 0);
     check(cache);
     match found {
         None => 0,
@@ -259,17 +259,17 @@ fn a_branch_grown_from_a_cropped_state_leaves_stored_values_alone() {
     let mut cache = PrefixCache::new(16, 0);
     let a = [1, 2, 3, 4, 5];
     store(&mut cache, &a);
-    let (mut b, len) = cache.lookup(&[1, 2, 3, 8, 8, 8]).unwrap();
+    let (mut b, len) = cache.lookup(&[1, 2, 3, 8, 8, 8], 0).unwrap();
     assert_eq!(len, 3);
     extend(&mut b, &[8, 8]);
     assert_eq!(decode(&b), [1, 2, 3, 8, 8]);
     cache.store(&[1, 2, 3, 8, 8], b);
     check(&cache);
-    let (again, len) = cache.lookup(&[1, 2, 3, 4, 5, 6]).unwrap();
+    let (again, len) = cache.lookup(&[1, 2, 3, 4, 5, 6], 0).unwrap();
     assert_eq!(len, 5);
     assert_eq!(decode(&again), a);
     // And the other way: growing what a lookup returned does not reach back into the cache.
-    let (mut grown, _) = cache.lookup(&[1, 2, 3, 4, 5, 6]).unwrap();
+    let (mut grown, _) = cache.lookup(&[1, 2, 3, 4, 5, 6], 0).unwrap();
     extend(&mut grown, &[6, 6, 6]);
     assert_eq!(matched(&mut cache, &[1, 2, 3, 4, 5, 6, 6]), 5);
 }
