@@ -100,6 +100,9 @@ pub struct ExplanationConfig {
     pub kv_cache: bool,
     /// Order prompts for prefix sharing (`false` keeps the estimator's order).
     pub sort_prompts: bool,
+    /// Prompts sent per `score_batch` call (a backend that batches runs them in one pass);
+    /// values are stored in the run directory after each batch.
+    pub batch_size: usize,
     /// Passed to the plugin through `PluginContext::plugin_options`.
     pub plugin_options: toml::Table,
 }
@@ -122,6 +125,7 @@ impl Default for ExplanationConfig {
             max_exact_players: estimator.max_exact_players,
             kv_cache: true,
             sort_prompts: true,
+            batch_size: 32,
             plugin_options: toml::Table::new(),
         }
     }
@@ -135,6 +139,9 @@ impl ExplanationConfig {
                 "[explanation] `budget` must be >= 4. Given: {}",
                 self.budget
             ));
+        }
+        if self.batch_size == 0 {
+            return Err("[explanation] `batch_size` must be >= 1. Given: 0".into());
         }
         if self.absence == AbsenceKind::Pad && self.placeholder.is_empty() {
             return Err(
@@ -314,6 +321,11 @@ mod tests {
         assert!(err.to_string().contains("exact, permutation"), "{err}");
         let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbudget = 1\n").unwrap_err();
         assert!(err.to_string().contains("`budget` must be >= 4"), "{err}");
+        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbatch_size = 0\n").unwrap_err();
+        assert!(
+            err.to_string().contains("`batch_size` must be >= 1"),
+            "{err}"
+        );
     }
 
     #[test]

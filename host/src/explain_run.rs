@@ -1,7 +1,8 @@
 //! Runs an explanation against a backend: the IO around the pure [`crate::explain`] module.
-//! Checks the value function's capability, makes the base answer, evaluates each scheduled
-//! prompt (from the run directory when it is already there, storing it the moment it is
-//! computed), shows progress, and gathers the figures the report needs.
+//! Checks the value function's capability, makes the base answer, evaluates the scheduled
+//! prompts in batches of `batch_size` (taking those already in the run directory from there,
+//! storing each batch's values the moment it is computed), shows progress, and gathers the
+//! figures the report needs.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -102,6 +103,16 @@ impl Model for BackendModel<'_> {
     ) -> std::result::Result<ScoreRecord, String> {
         self.backend.score(prompt, reply).map_err(|e| e.to_string())
     }
+
+    fn score_batch(
+        &self,
+        prompts: &[ConversationSnapshot],
+        reply: &str,
+    ) -> std::result::Result<Vec<ScoreRecord>, String> {
+        self.backend
+            .score_batch(prompts, reply)
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Explains `backend`'s answer to `conversation` as `config.explanation` says.
@@ -168,34 +179,48 @@ pub fn run(
         ..RunStats::default()
     };
     let mut values = Vec::with_capacity(job.prompts().len());
-    for prompt in job.prompts() {
-        let key = prompt_key(prompt);
-        let evaluation = match stored.get(&key) {
-            Some(e) => {
-                stats.reused_from_run_dir += 1;
-                *e
-            }
-            None => {
-                let e = value_fn.evaluate(&model, prompt)?;
-                if let Some(store) = &store {
-                    store.put(&run_key, prompt, &e)?;
+    for batch in job.prompts().chunks(settings.batch_size) {
+        let keys: Vec<String> = batch.iter().map(prompt_key).collect();
+        let missing: Vec<ConversationSnapshot> = batch
+            .iter()
+            .zip(&keys)
+            .filter(|(_, key)| !stored.contains_key(*key))
+            .map(|(prompt, _)| prompt.clone())
+            .collect();
+        let mut fresh = value_fn.evaluate_batch(&model, &missing)?.into_iter();
+        for (prompt, key) in batch.iter().zip(&keys) {
+            let evaluation = match stored.get(key) {
+                Some(e) => {
+                    stats.reused_from_run_dir += 1;
+                    *e
                 }
-                stats.evaluated += 1;
-                stats.prompt_tokens_computed +=
-                    e.prompt_tokens - e.cached_prompt_tokens.min(e.prompt_tokens);
-                stats.prompt_tokens_reused += e.cached_prompt_tokens;
-                e
+                None => {
+                    let e = fresh
+                        .next()
+                        .ok_or_else(|| crate::explain::ExplainError::Model {
+                            what: "a batch of coalitions".into(),
+                            message: "fewer values came back than prompts were sent".into(),
+                        })?;
+                    if let Some(store) = &store {
+                        store.put(&run_key, prompt, &e)?;
+                    }
+                    stats.evaluated += 1;
+                    stats.prompt_tokens_computed +=
+                        e.prompt_tokens - e.cached_prompt_tokens.min(e.prompt_tokens);
+                    stats.prompt_tokens_reused += e.cached_prompt_tokens;
+                    e
+                }
+            };
+            if !evaluation.value.is_finite() {
+                return Err(crate::explain::ExplainError::Model {
+                    what: "a coalition".into(),
+                    message: format!("its value is {} (not a finite number)", evaluation.value),
+                }
+                .into());
             }
-        };
-        if !evaluation.value.is_finite() {
-            return Err(crate::explain::ExplainError::Model {
-                what: "a coalition".into(),
-                message: format!("its value is {} (not a finite number)", evaluation.value),
-            }
-            .into());
+            values.push(evaluation.value);
+            bar.inc(1);
         }
-        values.push(evaluation.value);
-        bar.inc(1);
         let rate = bar.position() as f64 / started.elapsed().as_secs_f64().max(1e-3);
         bar.set_message(format!(
             "{rate:.1}/s  {}",

@@ -86,6 +86,10 @@ pub struct Args {
     #[arg(long)]
     no_sort: bool,
 
+    /// Prompts per backend call (one packed pass on candle); 1 sends them one at a time.
+    #[arg(long, value_name = "N")]
+    batch_size: Option<usize>,
+
     /// Persist every coalition value in DIR and resume from it.
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
@@ -127,7 +131,8 @@ impl Args {
             estimand,
             budget,
             seed,
-            max_exact_players
+            max_exact_players,
+            batch_size
         );
         e.value_mean |= self.value_mean;
         e.kv_cache &= !self.no_kv_cache;

@@ -19,6 +19,14 @@ pub trait Model {
     ) -> Result<GenerationRecord, String>;
     /// The teacher-forced logprobs of `reply` after `prompt`.
     fn score(&self, prompt: &ConversationSnapshot, reply: &str) -> Result<ScoreRecord, String>;
+    /// [`Model::score`] of each prompt, in order (a backend may run them in one pass).
+    fn score_batch(
+        &self,
+        prompts: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<ScoreRecord>, String> {
+        prompts.iter().map(|p| self.score(p, reply)).collect()
+    }
 }
 
 /// A coalition's value and what computing it cost.
@@ -102,6 +110,14 @@ pub trait ValueFunction {
         model: &dyn Model,
         prompt: &ConversationSnapshot,
     ) -> Result<Evaluation, ExplainError>;
+    /// [`ValueFunction::evaluate`] of each prompt, in order; batched where the value allows.
+    fn evaluate_batch(
+        &self,
+        model: &dyn Model,
+        prompts: &[ConversationSnapshot],
+    ) -> Result<Vec<Evaluation>, ExplainError> {
+        prompts.iter().map(|p| self.evaluate(model, p)).collect()
+    }
 }
 
 /// The value function `kind` explaining `base` in `conversation`.
@@ -175,11 +191,28 @@ impl ValueFunction for AnswerLogprob {
         prompt: &ConversationSnapshot,
     ) -> Result<Evaluation, ExplainError> {
         let record = model.score(prompt, &self.reply).map_err(model_error)?;
-        Ok(Evaluation {
+        Ok(self.of(&record))
+    }
+
+    fn evaluate_batch(
+        &self,
+        model: &dyn Model,
+        prompts: &[ConversationSnapshot],
+    ) -> Result<Vec<Evaluation>, ExplainError> {
+        let records = model
+            .score_batch(prompts, &self.reply)
+            .map_err(model_error)?;
+        Ok(records.iter().map(|r| self.of(r)).collect())
+    }
+}
+
+impl AnswerLogprob {
+    fn of(&self, record: &ScoreRecord) -> Evaluation {
+        Evaluation {
             value: sum_or_mean(&record.logprobs, self.mean),
             prompt_tokens: record.prompt_tokens.into(),
             cached_prompt_tokens: record.cached_prompt_tokens.into(),
-        })
+        }
     }
 }
 
