@@ -58,6 +58,26 @@ fn generate_and_score_through_lmhost_serve_match_the_backend() {
 }
 
 #[test]
+fn score_batch_sends_every_prompt_and_keeps_their_order() {
+    let server = TestServer::mock(0, |_| {});
+    let remote = open(&openai_config(&server.url("/v1"), "concurrency = 3"));
+    let local = open(&common::mock_config(0));
+    let prompts: Vec<_> = (0..8)
+        .map(|i| ConversationSnapshot::from_prompt(format!("red {}", "green ".repeat(i))))
+        .collect();
+    let got = remote.score_batch(&prompts, "green red").unwrap();
+    assert_eq!(got.len(), prompts.len());
+    for (prompt, got) in prompts.iter().zip(&got) {
+        let want = local.score(prompt, "green red").unwrap();
+        assert_eq!(
+            (&got.token_ids, &got.logprobs),
+            (&want.token_ids, &want.logprobs)
+        );
+    }
+    assert_ne!(got[0].logprobs, got[7].logprobs, "prompts must matter");
+}
+
+#[test]
 fn the_servers_prefix_cache_shows_as_cached_prompt_tokens() {
     let server = TestServer::mock(0, |_| {});
     let remote = open(&openai_config(&server.url("/v1"), ""));

@@ -215,6 +215,33 @@ impl Backend for OpenAi {
         Ok(record)
     }
 
+    /// Sends the prompts' requests at once (the client's `concurrency` bounds how many are in
+    /// flight), so a batch from `lmhost explain` keeps the server's own batcher busy.
+    fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        std::thread::scope(|scope| {
+            let requests: Vec<_> = snapshots
+                .iter()
+                .map(|snapshot| scope.spawn(move || self.score(snapshot, reply)))
+                .collect();
+            requests
+                .into_iter()
+                .enumerate()
+                .map(|(i, request)| {
+                    let record = request.join().unwrap_or_else(|_| {
+                        Err(PluginError::internal("a scoring request's thread panicked"))
+                    });
+                    record.map_err(|e| {
+                        PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
+                    })
+                })
+                .collect()
+        })
+    }
+
     fn stats(&self) -> BackendStats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
