@@ -241,11 +241,7 @@ impl Engine {
 
     /// Where each item begins: the longer of its cached prefix and the prefix it shares with an
     /// earlier item of the group (only with a store: cache off means nothing is reused).
-    fn starts(
-        &self,
-        items: &[Item],
-        mut store: Option<&mut (dyn PrefixStore + '_)>,
-    ) -> Vec<Start> {
+    fn starts(&self, items: &[Item], mut store: Option<&mut (dyn PrefixStore + '_)>) -> Vec<Start> {
         let model = &self.loaded.model;
         (0..items.len())
             .map(|j| {
