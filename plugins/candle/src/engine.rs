@@ -187,13 +187,15 @@ impl Engine {
     }
 
     /// Runs `items` in packed passes, reusing cached prefixes (and, within a pass, prefixes of
-    /// earlier items) when `store` is on, and storing each prompt's all-but-last state.
+    /// earlier items) when `store` is on, and storing each prompt's all-but-last state. Hands
+    /// each item's result to `each` as soon as its group is done, so a large batch holds only
+    /// one group's states and logits at a time.
     fn run(
         &self,
         items: &[Item],
         mut store: Option<&mut dyn PrefixStore>,
-    ) -> Result<Vec<Ran>, PluginError> {
-        let mut ran = Vec::with_capacity(items.len());
+        mut each: impl FnMut(&Item, Ran) -> Result<(), PluginError>,
+    ) -> Result<(), PluginError> {
         let mut first = 0;
         while first < items.len() {
             let mut end = first + 1;
@@ -206,10 +208,16 @@ impl Engine {
                 tokens += items[end].tokens.len();
                 end += 1;
             }
-            ran.extend(self.run_group(&items[first..end], store.as_deref_mut())?);
+            let group = &items[first..end];
+            for (item, ran) in group
+                .iter()
+                .zip(self.run_group(group, store.as_deref_mut())?)
+            {
+                each(item, ran)?;
+            }
             first = end;
         }
-        Ok(ran)
+        Ok(())
     }
 
     /// One group: a single item of any length (in chunks), or several short ones in one pass.
@@ -364,14 +372,16 @@ impl Engine {
             prompt_len: prompt.len(),
             tokens: prompt,
         };
+        let mut ran = None;
+        self.run(std::slice::from_ref(&item), store, |_, r| {
+            ran = Some(r);
+            Ok(())
+        })?;
         let Ran {
             mut kv,
             reused,
             logits,
-        } = self
-            .run(std::slice::from_ref(&item), store)?
-            .pop()
-            .ok_or_else(|| PluginError::internal("no prompt state"))?;
+        } = ran.ok_or_else(|| PluginError::internal("no prompt state"))?;
         let sampler = Sampler {
             temperature: config.temperature,
             top_k: config.top_k as usize,
@@ -473,18 +483,17 @@ impl Engine {
             // Nothing to score: no pass, no cache traffic.
             return Ok(items.iter().map(|item| record(item, &[], &[], 0)).collect());
         }
-        self.run(&items, store)?
-            .iter()
-            .zip(&items)
-            .map(|(ran, item)| {
-                let logprobs: Vec<f32> = rows(&ran.logits)?
-                    .iter()
-                    .zip(&reply_ids)
-                    .map(|(row, &id)| logprob_of(row, id))
-                    .collect();
-                Ok(record(item, &reply_ids, &logprobs, ran.reused))
-            })
-            .collect()
+        let mut records = Vec::with_capacity(items.len());
+        self.run(&items, store, |item, ran| {
+            let logprobs: Vec<f32> = rows(&ran.logits)?
+                .iter()
+                .zip(&reply_ids)
+                .map(|(row, &id)| logprob_of(row, id))
+                .collect();
+            records.push(record(item, &reply_ids, &logprobs, ran.reused));
+            Ok(())
+        })?;
+        Ok(records)
     }
 
     /// [`Engine::score_batch`] of one prompt.
