@@ -485,4 +485,29 @@ fn a_packed_pass_matches_each_sequence_run_alone() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("cannot take 3 positions"), "{err}");
+
+    // Any sequence past the context is refused, not only the last one.
+    let too_long: Vec<u32> = (0..=model.max_context() as u32)
+        .map(|i| 3 + i % 50)
+        .collect();
+    let (mut kv_e, mut kv_f) = (model.new_state(), model.new_state());
+    let mut seqs = [
+        Seq {
+            ids: &too_long,
+            kv: &mut kv_e,
+            share: None,
+            logits_from: too_long.len(),
+        },
+        Seq {
+            ids: &c,
+            kv: &mut kv_f,
+            share: None,
+            logits_from: 0,
+        },
+    ];
+    let err = model.forward_packed(&mut seqs, false).unwrap_err();
+    assert!(
+        err.to_string().contains("past the model's context"),
+        "{err}"
+    );
 }

@@ -397,15 +397,13 @@ impl Llama {
             .zip(&starts)
             .flat_map(|(s, &start)| (start..start + s.ids.len()).map(|p| p as u32))
             .collect();
-        if positions
-            .last()
-            .is_some_and(|&p| p as usize >= self.max_context)
-        {
-            candle_core::bail!(
-                "position {} is past the model's context of {} tokens",
-                positions.last().copied().unwrap_or_default(),
-                self.max_context
-            );
+        if let Some(&last) = positions.iter().max() {
+            if last as usize >= self.max_context {
+                candle_core::bail!(
+                    "position {last} is past the model's context of {} tokens",
+                    self.max_context
+                );
+            }
         }
         let rope = self.rope.at(&positions)?;
         let device = self.embed.device();
