@@ -187,7 +187,13 @@ pub fn run(
             .filter(|(_, key)| !stored.contains_key(*key))
             .map(|(prompt, _)| prompt.clone())
             .collect();
-        let mut fresh = value_fn.evaluate_batch(&model, &missing)?.into_iter();
+        // A batch the run directory holds whole never reaches the backend (nor loads its model).
+        let mut fresh = if missing.is_empty() {
+            Vec::new()
+        } else {
+            value_fn.evaluate_batch(&model, &missing)?
+        }
+        .into_iter();
         for (prompt, key) in batch.iter().zip(&keys) {
             let evaluation = match stored.get(key) {
                 Some(e) => {

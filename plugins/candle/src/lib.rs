@@ -149,6 +149,9 @@ impl Backend for Candle {
         snapshots: &[ConversationSnapshot],
         reply: &str,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
+        if snapshots.is_empty() {
+            return Ok(Vec::new()); // without loading the model
+        }
         if self.speech.is_some() {
             let mut records = Vec::with_capacity(snapshots.len());
             for snapshot in snapshots {
