@@ -1,8 +1,9 @@
 //! Runs an explanation against a backend: the IO around the pure [`crate::explain`] module.
 //! Checks the value function's capability, makes the base answer, evaluates the scheduled
 //! prompts in batches of `batch_size` (taking those already in the run directory from there,
-//! storing each batch's values the moment it is computed), shows progress, and gathers the
-//! figures the report needs.
+//! storing each batch's values the moment it is computed, and a failed batch's prompts one at
+//! a time so nothing computable is lost), shows progress, and gathers the figures the report
+//! needs.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -188,12 +189,17 @@ pub fn run(
             .map(|(prompt, _)| prompt.clone())
             .collect();
         // A batch the run directory holds whole never reaches the backend (nor loads its model).
-        let mut fresh = if missing.is_empty() {
-            Vec::new()
+        let batched = if missing.is_empty() {
+            Ok(Vec::new())
         } else {
-            value_fn.evaluate_batch(&model, &missing)?
-        }
-        .into_iter();
+            value_fn.evaluate_batch(&model, &missing)
+        };
+        // A failed batch keeps what it can: its prompts run one at a time, each stored as it
+        // comes, up to the one that fails (whose own error is then the run's).
+        let mut fresh: Box<dyn Iterator<Item = std::result::Result<_, _>>> = match batched {
+            Ok(values) => Box::new(values.into_iter().map(Ok)),
+            Err(_) => Box::new(missing.iter().map(|p| value_fn.evaluate(&model, p))),
+        };
         for (prompt, key) in batch.iter().zip(&keys) {
             let evaluation = match stored.get(key) {
                 Some(e) => {
@@ -206,7 +212,7 @@ pub fn run(
                         .ok_or_else(|| crate::explain::ExplainError::Model {
                             what: "a batch of coalitions".into(),
                             message: "fewer values came back than prompts were sent".into(),
-                        })?;
+                        })??;
                     if let Some(store) = &store {
                         store.put(&run_key, prompt, &e)?;
                     }
