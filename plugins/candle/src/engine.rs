@@ -293,9 +293,8 @@ impl Engine {
         let mut logits: Vec<Vec<Tensor>> = vec![Vec::new(); items.len()];
         let mut first_pass = true;
         loop {
-            let active: Vec<usize> = (0..items.len())
-                .filter(|&j| pos[j] < items[j].tokens.len())
-                .collect();
+            let unfinished = |j: usize| pos[j] < items[j].tokens.len();
+            let active: Vec<usize> = (0..items.len()).filter(|&j| unfinished(j)).collect();
             if active.is_empty() {
                 return Ok((kvs, logits));
             }
@@ -312,7 +311,7 @@ impl Engine {
             let mut seqs: Vec<Seq<'_>> = kvs
                 .iter_mut()
                 .enumerate()
-                .filter(|(j, _)| pos[*j] < items[*j].tokens.len())
+                .filter(|&(j, _)| unfinished(j))
                 .zip(&padded)
                 .map(|((j, kv), ids)| Seq {
                     ids,
