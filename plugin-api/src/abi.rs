@@ -14,7 +14,7 @@ use crate::error::PluginError;
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    KvCacheSettings, ScoreRecord,
+    KvCacheSettings, ScoreRecord, TokenizeRecord,
 };
 
 /// A loaded generation backend. Calls block; the backend serializes use of its model itself, so
@@ -63,6 +63,24 @@ pub trait GenerationBackend: Send + Sync {
             }
         }
         RResult::ROk(records)
+    }
+
+    /// The token ids the model runs for `snapshot`'s prompt: its chat template and generation
+    /// prompt applied, or its raw text. `add_special` adds the tokens the tokenizer adds on
+    /// its own (BOS), as generate and score do; false tokenizes the text alone.
+    fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> RResult<TokenizeRecord, PluginError> {
+        let _ = (snapshot, add_special);
+        RResult::RErr(PluginError::unsupported("this backend cannot tokenize"))
+    }
+
+    /// The text of `ids`, special tokens included.
+    fn detokenize(&self, ids: RSlice<'_, u32>) -> RResult<RString, PluginError> {
+        let _ = ids;
+        RResult::RErr(PluginError::unsupported("this backend cannot detokenize"))
     }
 }
 

@@ -17,7 +17,7 @@ use crate::identity::{PluginIdentity, RawStr, IDENTITY_MAGIC};
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    KvCacheSettings, ScoreRecord,
+    KvCacheSettings, ScoreRecord, TokenizeRecord,
 };
 
 /// A generation backend, written with std types. Methods take `&self`: a backend that holds a
@@ -75,6 +75,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     fn close(&self) {}
+
+    /// The prompt's token ids and pieces (see [`GenerationBackend::tokenize`]).
+    fn tokenize(
+        &self,
+        _snapshot: &ConversationSnapshot,
+        _add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        Err(PluginError::unsupported(format!(
+            "backend `{}` cannot tokenize",
+            Self::NAME
+        )))
+    }
+
+    /// The text of `ids`, special tokens included.
+    fn detokenize(&self, _ids: &[u32]) -> Result<String, PluginError> {
+        Err(PluginError::unsupported(format!(
+            "backend `{}` cannot detokenize",
+            Self::NAME
+        )))
+    }
 }
 
 /// Runs `f`, turning a panic into an `Internal` error carrying the panic message.
@@ -155,6 +175,20 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
             self.0
                 .score_batch(snapshots.as_slice(), reply.as_str())
                 .map(RVec::from)
+        })
+    }
+
+    fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> RResult<TokenizeRecord, PluginError> {
+        guard(B::NAME, || self.0.tokenize(snapshot, add_special))
+    }
+
+    fn detokenize(&self, ids: RSlice<'_, u32>) -> RResult<RString, PluginError> {
+        guard(B::NAME, || {
+            self.0.detokenize(ids.as_slice()).map(RString::from)
         })
     }
 }

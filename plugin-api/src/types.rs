@@ -19,6 +19,9 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// Text that goes into the prompt verbatim, with no chat template: how base models are
+    /// driven and raw continuations scored. A conversation is all raw or has no raw message.
+    Raw,
 }
 
 impl Role {
@@ -28,6 +31,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Raw => "raw",
         }
     }
 }
@@ -136,7 +140,8 @@ impl TryFrom<SnapshotWire> for ConversationSnapshot {
 }
 
 impl ConversationSnapshot {
-    /// Builds a snapshot, refusing an empty conversation or an empty turn.
+    /// Builds a snapshot, refusing an empty conversation, an empty turn, or raw text mixed with
+    /// chat messages (a template cannot render one, and raw text has no roles).
     pub fn new(turns: Vec<Turn>) -> Result<Self, PluginError> {
         if turns.is_empty() {
             return Err(PluginError::invalid_input(
@@ -147,6 +152,14 @@ impl ConversationSnapshot {
             return Err(PluginError::invalid_input(format!(
                 "turn {i} has no messages; every turn needs at least one"
             )));
+        }
+        let messages = turns.iter().flat_map(|t| t.messages.iter());
+        let raw = messages.clone().filter(|m| m.role == Role::Raw).count();
+        if raw > 0 && raw < messages.count() {
+            return Err(PluginError::invalid_input(
+                "raw text cannot be mixed with system, user or assistant messages: \
+                 a conversation is either all `raw` (no chat template) or all chat messages",
+            ));
         }
         let turns = RVec::from(turns);
         let snapshot_id = RString::from(snapshot_id(&turns));
@@ -159,6 +172,24 @@ impl ConversationSnapshot {
             messages: RVec::from(vec![Message::text(Role::User, prompt)]),
         };
         Self::new(vec![turn]).expect("one turn with one message is never empty")
+    }
+
+    /// Raw text, sent to the model verbatim with no chat template.
+    pub fn raw(text: impl Into<String>) -> Self {
+        let turn = Turn {
+            messages: RVec::from(vec![Message::text(Role::Raw, text)]),
+        };
+        Self::new(vec![turn]).expect("one turn with one message is never empty")
+    }
+
+    /// Whether this is raw text (no chat template applies).
+    pub fn is_raw(&self) -> bool {
+        self.messages().all(|m| m.role == Role::Raw)
+    }
+
+    /// The raw text: every message's text, concatenated. Meaningful when [`Self::is_raw`].
+    pub fn raw_text(&self) -> String {
+        self.messages().map(Message::text_content).collect()
     }
 
     /// Every message in order, across turns.
@@ -302,6 +333,15 @@ impl ScoreRecord {
     pub fn total_logprob(&self) -> f64 {
         self.logprobs.iter().map(|&l| f64::from(l)).sum()
     }
+}
+
+/// What `tokenize` returns: the prompt's token ids and each token's text.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizeRecord {
+    pub token_ids: RVec<u32>,
+    /// One per id: the token's own text (a piece of a multi-byte character decodes lossily).
+    pub pieces: RVec<RString>,
 }
 
 /// Counters since the backend was made (or its cache last reconfigured).
