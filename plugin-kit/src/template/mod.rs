@@ -1,0 +1,176 @@
+//! Chat templates, rendered exactly as Hugging Face Transformers renders them.
+//!
+//! A model learnt its conversations in the text that Transformers' `apply_chat_template` makes of
+//! its Jinja chat template, so that text, byte for byte, is the prompt to give it. Transformers
+//! renders with Python's jinja2 in the environment of `_cached_compile_jinja_template` and
+//! `render_jinja_template` (transformers 5.x, `src/transformers/utils/chat_template_utils.py`):
+//! `trim_blocks`, `lstrip_blocks`, loop controls, its `{% generation %}` tag, a `tojson` that is
+//! `json.dumps`, and the globals `raise_exception` and `strftime_now`. This module rebuilds that
+//! environment on minijinja: Python's methods, `json.dumps` and jinja2's tests in [`python`], two
+//! source rewrites for what minijinja parses or runs differently in [`rewrite`]. The test
+//! `tests/chat_templates.rs` holds it to jinja2's own output over llama.cpp's collection of real
+//! templates.
+
+mod error;
+mod python;
+mod rewrite;
+mod source;
+
+use std::path::Path;
+
+use minijinja::{Environment, Value};
+use serde::Serialize;
+
+pub use error::TemplateError;
+
+/// One message of a conversation, as the template sees it: `message.role`, `message.content`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ChatMessage<'a> {
+    pub role: &'a str,
+    pub content: &'a str,
+}
+
+/// A compiled chat template with the special tokens it is rendered with.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    /// Boxed: an environment is large, and templates are moved into enums and options.
+    env: Box<Environment<'static>>,
+    source: String,
+    origin: String,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+/// The name the template is stored under in its environment.
+const NAME: &str = "chat";
+
+impl ChatTemplate {
+    /// Compiles `source`; `origin` (a file path, "GGUF tokenizer.chat_template", "server /props")
+    /// is named in every error.
+    pub fn new(source: &str, origin: impl Into<String>) -> Result<Self, TemplateError> {
+        let origin = origin.into();
+        let mut env = environment();
+        env.add_template_owned(NAME, rewrite::for_minijinja(source))
+            .map_err(|e| TemplateError::compile(&origin, &e))?;
+        Ok(ChatTemplate {
+            env: Box::new(env),
+            source: source.to_string(),
+            origin,
+            bos_token: None,
+            eos_token: None,
+        })
+    }
+
+    /// A Jinja file, or a `tokenizer_config.json` holding `chat_template` and the special tokens.
+    pub fn from_file(path: &Path) -> Result<Self, TemplateError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let origin = path.display().to_string();
+        if path.extension().is_some_and(|e| e == "json") {
+            let json = serde_json::from_str(&text).map_err(|source| TemplateError::Json {
+                origin: origin.clone(),
+                source,
+            })?;
+            Self::from_json(&json, origin)
+        } else {
+            Self::new(&text, origin)
+        }
+    }
+
+    /// From a `tokenizer_config.json` or a server's `/props` answer: its `chat_template` (a string,
+    /// or a list of named templates, of which "default" is taken) and its `bos_token` /
+    /// `eos_token` (strings or `{"content": ...}`) when present.
+    pub fn from_json(
+        json: &serde_json::Value,
+        origin: impl Into<String>,
+    ) -> Result<Self, TemplateError> {
+        let origin = origin.into();
+        let template = Self::new(source::chat_template(json, &origin)?, origin)?;
+        Ok(template.with_special_tokens(
+            source::special_token(json, "bos_token"),
+            source::special_token(json, "eos_token"),
+        ))
+    }
+
+    /// Sets `bos_token` and `eos_token`; one that is `None` stays undefined in the template, as
+    /// Transformers leaves a token the tokenizer lacks.
+    pub fn with_special_tokens(self, bos: Option<String>, eos: Option<String>) -> Self {
+        ChatTemplate {
+            bos_token: bos,
+            eos_token: eos,
+            ..self
+        }
+    }
+
+    /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| TemplateError::compile(&self.origin, &e))?;
+        template
+            .render(self.context(messages, add_generation_prompt))
+            .map_err(|e| TemplateError::render(&self.origin, &e))
+    }
+
+    /// The variables `apply_chat_template` passes: `render_jinja_template` gives `tools` and
+    /// `documents` as None when there are none, and a special token the tokenizer lacks is left
+    /// out (undefined).
+    fn context(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Value {
+        let mut vars = vec![
+            ("messages", Value::from_serialize(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("tools", Value::from(())),
+            ("documents", Value::from(())),
+        ];
+        let tokens = [
+            ("bos_token", &self.bos_token),
+            ("eos_token", &self.eos_token),
+        ];
+        vars.extend(
+            tokens
+                .into_iter()
+                .filter_map(|(name, token)| Some((name, Value::from(token.as_deref()?)))),
+        );
+        Value::from_iter(vars)
+    }
+
+    /// The template as given, before any rewriting.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Where the template came from, as named in errors.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+}
+
+/// jinja2's `ImmutableSandboxedEnvironment` as Transformers configures it.
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    // jinja2's default, like minijinja's: a single newline at the end of the template is dropped.
+    env.set_keep_trailing_newline(false);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_formatter(python::format);
+    env.add_filter("tojson", python::tojson);
+    env.add_filter("string", python::string);
+    env.add_function("raise_exception", python::raise_exception);
+    env.add_function("strftime_now", python::strftime_now);
+    env.add_function(rewrite::CHECKED_ITERABLE, python::checked_iterable);
+    env.add_test("iterable", python::is_iterable);
+    env.add_test("sequence", python::is_sequence);
+    env.add_test("number", python::is_number);
+    env
+}
+
+#[cfg(test)]
+mod tests;
