@@ -17,13 +17,13 @@
 use candle_core::Tensor;
 use lmhost_plugin_api::{
     ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError,
-    ScoreRecord,
+    ScoreRecord, TokenizeRecord,
 };
+use lmhost_plugin_kit::prompt::PromptFormat;
 
 use crate::kv::KvState;
 use crate::models::{mean_rows, Forward, Logits, Seq};
 use crate::prefix_cache::common_prefix;
-use crate::prompt::{self, ChatTemplate};
 use crate::sampling::{log_softmax, Rng, Sampler};
 use crate::source::Loaded;
 
@@ -52,6 +52,9 @@ pub trait PrefixStore: Send {
 struct Item {
     tokens: Vec<u32>,
     prompt_len: usize,
+    /// The reply ids whose logprobs are read (all but the last are in `tokens`); empty when
+    /// generating.
+    scored: Vec<u32>,
 }
 
 /// Where an [`Item`] begins: its state, an earlier item of its group whose first positions it
@@ -73,7 +76,9 @@ struct Ran {
 /// A loaded model with its prompt format.
 pub struct Engine {
     pub loaded: Loaded,
-    template: Option<ChatTemplate>,
+    format: PromptFormat,
+    /// The model as users named it, for errors.
+    model_id: String,
     max_context: usize,
 }
 
@@ -94,13 +99,14 @@ fn logprob_of(row: &[f32], id: u32) -> f32 {
 }
 
 impl Engine {
-    pub fn new(loaded: Loaded, max_context: usize) -> Result<Self, PluginError> {
-        let template = loaded
-            .chat_template
-            .as_deref()
-            .map(ChatTemplate::new)
-            .transpose()
-            .map_err(PluginError::unavailable)?;
+    /// `chat_template` is the backend option (a file, or `"plain"`), which overrides the model's.
+    pub fn new(
+        mut loaded: Loaded,
+        max_context: usize,
+        chat_template: Option<&str>,
+        model_id: &str,
+    ) -> Result<Self, PluginError> {
+        let format = PromptFormat::choose(chat_template, loaded.chat_template.take())?;
         let model_max = loaded.model.max_context();
         let max_context = if max_context == 0 {
             model_max
@@ -109,7 +115,8 @@ impl Engine {
         };
         Ok(Engine {
             loaded,
-            template,
+            format,
+            model_id: model_id.to_string(),
             max_context,
         })
     }
@@ -118,33 +125,38 @@ impl Engine {
         self.max_context
     }
 
-    /// The rendered prompt text for a conversation.
-    pub fn prompt_text(&self, snapshot: &ConversationSnapshot) -> Result<String, PluginError> {
-        let messages = prompt::messages(snapshot)?;
-        match &self.template {
-            Some(t) => t.render(
-                &messages,
-                self.loaded.bos_token.as_deref(),
-                self.loaded.eos_token.as_deref(),
-            ),
-            None => Ok(prompt::fallback(&messages)),
-        }
-    }
-
     /// Tokens of `text`; special-token strings in it (chat markers) become their ids.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, PluginError> {
         self.loaded
             .tokenizer
-            .encode(text, add_special)
-            .map(|e| e.get_ids().to_vec())
+            .encode(text, add_special, true)
             .map_err(|e| PluginError::internal(format!("tokenizer: {e}")))
     }
 
-    pub fn decode(&self, ids: &[u32]) -> Result<String, PluginError> {
+    /// The text of `ids`; `skip_special` drops control tokens (an end-of-turn marker).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, PluginError> {
         self.loaded
             .tokenizer
-            .decode(ids, true)
+            .decode(ids, skip_special)
             .map_err(|e| PluginError::internal(format!("tokenizer: {e}")))
+    }
+
+    /// The prompt's tokens as the model runs them (`add_special`), or its text's tokens alone.
+    pub fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        let prompt = self.format.render(snapshot, &self.model_id)?;
+        let ids = self.encode(&prompt.text, add_special && prompt.add_special)?;
+        let pieces = ids
+            .iter()
+            .map(|&id| self.decode(&[id], false).map(Into::into))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TokenizeRecord {
+            token_ids: ids.into(),
+            pieces: pieces.into(),
+        })
     }
 
     /// The prompt's tokens, checked to be non-empty and to leave room for `extra` tokens.
@@ -153,9 +165,8 @@ impl Engine {
         snapshot: &ConversationSnapshot,
         extra: usize,
     ) -> Result<Vec<u32>, PluginError> {
-        let text = self.prompt_text(snapshot)?;
-        // A template writes its own BOS; the fallback relies on the tokenizer's.
-        let ids = self.encode(&text, self.template.is_none())?;
+        let prompt = self.format.render(snapshot, &self.model_id)?;
+        let ids = self.encode(&prompt.text, prompt.add_special)?;
         if ids.is_empty() {
             return Err(PluginError::invalid_input("the prompt is empty (0 tokens)"));
         }
@@ -370,6 +381,7 @@ impl Engine {
         let item = Item {
             prompt_len: prompt.len(),
             tokens: prompt,
+            scored: Vec::new(),
         };
         let mut ran = None;
         self.run(std::slice::from_ref(&item), store, |_, r| {
@@ -395,10 +407,10 @@ impl Engine {
             logprobs.push(logprob_of(&row, next));
             ids.push(next);
             if self.loaded.eos_ids.contains(&next) {
-                text = self.decode(&ids)?;
+                text = self.decode(&ids, true)?;
                 break FinishReason::Eos;
             }
-            text = self.decode(&ids)?;
+            text = self.decode(&ids, true)?;
             if let Some(cut) = config
                 .stop
                 .iter()
@@ -461,38 +473,68 @@ impl Engine {
         reply: &str,
         store: Option<&mut dyn PrefixStore>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let reply_ids = self.encode(reply, false)?;
+        // After a chat template's turn marker the reply is tokenized on its own, the same for
+        // every prompt; raw text is continued, so it is tokenized with the prompt it follows.
+        let chat_reply = self.encode(reply, false)?;
         let items = snapshots
             .iter()
             .enumerate()
             .map(|(i, snapshot)| {
-                let mut tokens = self.prompt_ids(snapshot, reply_ids.len()).map_err(|e| {
+                let item = if snapshot.is_raw() {
+                    self.raw_item(snapshot, reply)
+                } else {
+                    self.prompt_ids(snapshot, chat_reply.len())
+                        .map(|prompt| Item::scoring(prompt, chat_reply.clone()))
+                };
+                item.map_err(|e| {
                     if snapshots.len() > 1 {
                         PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
                     } else {
                         e
                     }
-                })?;
-                let prompt_len = tokens.len();
-                tokens.extend_from_slice(&reply_ids[..reply_ids.len().saturating_sub(1)]);
-                Ok(Item { tokens, prompt_len })
+                })
             })
             .collect::<Result<Vec<_>, PluginError>>()?;
-        if reply_ids.is_empty() {
+        if items.iter().all(|item| item.scored.is_empty()) {
             // Nothing to score: no pass, no cache traffic.
-            return Ok(items.iter().map(|item| record(item, &[], &[], 0)).collect());
+            return Ok(items.iter().map(|item| record(item, &[], 0)).collect());
         }
         let mut records = Vec::with_capacity(items.len());
         self.run(&items, store, |item, ran| {
             let logprobs: Vec<f32> = rows(&ran.logits)?
                 .iter()
-                .zip(&reply_ids)
+                .zip(&item.scored)
                 .map(|(row, &id)| logprob_of(row, id))
                 .collect();
-            records.push(record(item, &reply_ids, &logprobs, ran.reused));
+            records.push(record(item, &logprobs, ran.reused));
             Ok(())
         })?;
         Ok(records)
+    }
+
+    /// A raw prompt and its continuation: the reply's ids are those that follow the prompt's in
+    /// the tokens of prompt + reply, so a continuation tokenizes as the text would as a whole.
+    fn raw_item(&self, snapshot: &ConversationSnapshot, reply: &str) -> Result<Item, PluginError> {
+        let prompt = self.prompt_ids(snapshot, 0)?;
+        let text = format!("{}{reply}", snapshot.raw_text());
+        let all = self.encode(&text, true)?;
+        if !all.starts_with(&prompt) {
+            return Err(PluginError::invalid_input(format!(
+                "the reply's first token merges with the end of the raw prompt (the prompt's \
+                 tokens are not a prefix of prompt + reply's); end the prompt at a token \
+                 boundary, e.g. before the space that starts the reply. Reply: {reply:?}"
+            )));
+        }
+        let scored = all[prompt.len()..].to_vec();
+        if prompt.len() + scored.len() > self.max_context {
+            return Err(PluginError::invalid_input(format!(
+                "the prompt has {} tokens (+{} reply tokens), more than the context of {} tokens",
+                prompt.len(),
+                scored.len(),
+                self.max_context
+            )));
+        }
+        Ok(Item::scoring(prompt, scored))
     }
 
     /// [`Engine::score_batch`] of one prompt.
@@ -508,9 +550,22 @@ impl Engine {
     }
 }
 
-fn record(item: &Item, reply_ids: &[u32], logprobs: &[f32], reused: usize) -> ScoreRecord {
+impl Item {
+    /// A prompt followed by the reply `scored`, all of whose ids but the last are run.
+    fn scoring(mut tokens: Vec<u32>, scored: Vec<u32>) -> Item {
+        let prompt_len = tokens.len();
+        tokens.extend_from_slice(&scored[..scored.len().saturating_sub(1)]);
+        Item {
+            tokens,
+            prompt_len,
+            scored,
+        }
+    }
+}
+
+fn record(item: &Item, logprobs: &[f32], reused: usize) -> ScoreRecord {
     ScoreRecord {
-        token_ids: reply_ids.to_vec().into(),
+        token_ids: item.scored.clone().into(),
         logprobs: logprobs.to_vec().into(),
         prompt_tokens: item.prompt_len as u32,
         cached_prompt_tokens: reused as u32,

@@ -12,7 +12,6 @@ pub mod models;
 pub mod options;
 pub mod prefix_cache;
 pub mod processor;
-pub mod prompt;
 pub mod sampling;
 pub mod source;
 pub mod weights;
@@ -24,6 +23,7 @@ use candle_core::DType;
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
     GenerationRecord, KvCacheSettings, Logger, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    TokenizeRecord,
 };
 
 use crate::audio_backend::AudioBackend;
@@ -176,6 +176,28 @@ impl Backend for Candle {
         Ok(records)
     }
 
+    fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        self.refuse_speech("tokenize")?;
+        self.refuse_audio(snapshot)?;
+        self.engine()?.tokenize(snapshot, add_special)
+    }
+
+    fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
+        self.refuse_speech("detokenize")?;
+        let engine = self.engine()?;
+        let vocab = engine.loaded.tokenizer.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(PluginError::invalid_input(format!(
+                "token id {id} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        engine.decode(ids, false)
+    }
+
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
         let mut cache = self.cache.lock().map_err(poisoned)?;
         let warned_half = cache.warned_half;
@@ -231,6 +253,17 @@ impl Candle {
         }
     }
 
+    /// What the speech path does not offer is refused, naming the model.
+    fn refuse_speech(&self, what: &str) -> Result<(), PluginError> {
+        if self.speech.is_some() {
+            return Err(PluginError::unsupported(format!(
+                "`{}` is a speech model; {what} is offered for text models",
+                self.model_id
+            )));
+        }
+        Ok(())
+    }
+
     /// Audio sent to the causal-LM path is refused, naming the model.
     fn refuse_audio(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
         if snapshot.has_audio() {
@@ -271,7 +304,12 @@ impl Candle {
             },
         };
         let loaded = source::load(&self.model_id, &s.revision, s.model_class.as_deref(), build)?;
-        Engine::new(loaded, s.max_context)
+        Engine::new(
+            loaded,
+            s.max_context,
+            s.chat_template.as_deref(),
+            &self.model_id,
+        )
     }
 
     /// Runs `f` with the prefix store, if one is on. The store lock is held for the call, so

@@ -23,6 +23,8 @@ pub struct Settings {
     pub threads: usize,
     /// 0 = the model's own context length.
     pub max_context: usize,
+    /// A template file, `"plain"`, or none for the model's own.
+    pub chat_template: Option<String>,
 }
 
 pub fn specs() -> Vec<OptionSpec> {
@@ -81,6 +83,14 @@ pub fn specs() -> Vec<OptionSpec> {
             json!(0),
             "Longest prompt + reply in tokens (0 = the model's context length).",
         ),
+        OptionSpec::new(
+            "chat_template",
+            OptionKind::String,
+            json!(""),
+            "A Jinja chat template file or tokenizer_config.json to use instead of the model's \
+             own; \"plain\" for `role: content` lines (a model without a template refuses chat \
+             messages otherwise).",
+        ),
     ]
     .into_iter()
     .chain(crate::audio_backend::options())
@@ -121,6 +131,7 @@ impl Settings {
             model_class,
             threads: integer(options, "threads"),
             max_context: integer(options, "max_context"),
+            chat_template: Some(string(options, "chat_template", "")).filter(|t| !t.is_empty()),
         };
         settings.device()?;
         settings.dtype_on(&Device::Cpu)?;

@@ -1,7 +1,7 @@
 //! `mock`: a deterministic backend, and the smallest complete lmhost plugin.
 //!
 //! Its "model" is a bag of words: a reply word is likely in proportion to how often it occurs in
-//! the prompt. So the same snapshot and config always give the same reply, logprobs and
+//! the text before it (the prompt and the reply so far, as a causal model reads). So the same snapshot and config always give the same reply, logprobs and
 //! embeddings; different snapshots give different ones; and `score` of a generated reply returns
 //! exactly the logprobs `generate` reported, as a real model's would. It remembers the previous
 //! prompt to imitate a one-entry prefix cache, which makes prompt ordering measurable.
@@ -14,7 +14,7 @@ use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, FinishReason,
     GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec, PluginContext,
-    PluginError, ScoreRecord,
+    PluginError, Role, ScoreRecord, TokenizeRecord,
 };
 
 /// Size of the mock vocabulary, for smoothing and embeddings.
@@ -132,7 +132,7 @@ impl Backend for Mock {
             }
         }
         let token_ids: Vec<u32> = words.iter().map(|w| token_id(w)).collect();
-        let logprobs: Vec<f32> = words.iter().map(|w| logprob(&prompt, w)).collect();
+        let logprobs = continuation_logprobs(&prompt, &words);
         let embeddings = config.compute_embeddings.then(|| {
             (
                 mean_embedding(&token_ids, 0).into(),
@@ -162,7 +162,7 @@ impl Backend for Mock {
         let words: Vec<&str> = reply.split_whitespace().collect();
         Ok(ScoreRecord {
             token_ids: words.iter().map(|w| token_id(w)).collect(),
-            logprobs: words.iter().map(|w| logprob(&prompt, w)).collect(),
+            logprobs: continuation_logprobs(&prompt, &words).into(),
             prompt_tokens: prompt.len() as u32,
             cached_prompt_tokens: cached,
         })
@@ -179,6 +179,26 @@ impl Backend for Mock {
 
     fn stats(&self) -> BackendStats {
         self.state.lock().map(|s| s.stats).unwrap_or_default()
+    }
+
+    /// The prompt's words (role markers included), each word a token; a raw text's pieces
+    /// spell it (each word with the whitespace after it). Ids are hashes, so `detokenize` is
+    /// left unsupported: the default says so.
+    fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        _add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        let words = prompt_words(snapshot)?;
+        let pieces = if snapshot.is_raw() {
+            spelled(&snapshot.raw_text())
+        } else {
+            words.clone()
+        };
+        Ok(TokenizeRecord {
+            token_ids: words.iter().map(|w| token_id(w)).collect(),
+            pieces: pieces.into_iter().map(Into::into).collect(),
+        })
     }
 }
 
@@ -211,7 +231,7 @@ impl Mock {
     }
 }
 
-/// The prompt as words, with each message introduced by its role.
+/// The prompt as words, with each chat message introduced by its role (raw text has none).
 fn prompt_words(snapshot: &ConversationSnapshot) -> Result<Vec<String>, PluginError> {
     if snapshot.has_audio() {
         return Err(PluginError::invalid_input(
@@ -221,7 +241,8 @@ fn prompt_words(snapshot: &ConversationSnapshot) -> Result<Vec<String>, PluginEr
     let words: Vec<String> = snapshot
         .messages()
         .flat_map(|m| {
-            std::iter::once(format!("{}:", m.role.as_str())).chain(
+            let marker = (m.role != Role::Raw).then(|| format!("{}:", m.role.as_str()));
+            marker.into_iter().chain(
                 m.text_content()
                     .split_whitespace()
                     .map(str::to_string)
@@ -232,7 +253,40 @@ fn prompt_words(snapshot: &ConversationSnapshot) -> Result<Vec<String>, PluginEr
     Ok(words)
 }
 
-/// log p(word | prompt): smoothed frequency of the word in the prompt.
+/// Raw text's words, each with the whitespace after it (the first with any before it too), so
+/// the pieces spell the text and there is one per word.
+fn spelled(text: &str) -> Vec<String> {
+    let mut starts = Vec::new();
+    let mut in_word = false;
+    for (i, c) in text.char_indices() {
+        if !c.is_whitespace() && !in_word {
+            starts.push(if starts.is_empty() { 0 } else { i });
+        }
+        in_word = !c.is_whitespace();
+    }
+    let ends = starts.iter().skip(1).copied().chain([text.len()]);
+    starts
+        .iter()
+        .zip(ends)
+        .map(|(&a, b)| text[a..b].to_string())
+        .collect()
+}
+
+/// Each word's logprob given the prompt and the words before it, as a causal model's would be:
+/// so scoring text as one raw prompt or as a prompt and its continuation agrees.
+fn continuation_logprobs(prompt: &[String], words: &[impl AsRef<str>]) -> Vec<f32> {
+    let mut context = prompt.to_vec();
+    words
+        .iter()
+        .map(|word| {
+            let logprob = logprob(&context, word.as_ref());
+            context.push(word.as_ref().to_string());
+            logprob
+        })
+        .collect()
+}
+
+/// log p(word | context): smoothed frequency of the word in the context.
 fn logprob(prompt: &[String], word: &str) -> f32 {
     let count = prompt.iter().filter(|w| w.as_str() == word).count() as f64;
     ((count + 0.1) / (prompt.len() as f64 + 0.1 * VOCAB)).ln() as f32
@@ -274,3 +328,25 @@ fn poisoned<T>(_: T) -> PluginError {
 }
 
 export_plugin!(Mock);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_pieces_spell_the_text_one_per_word() {
+        let text = "  red green\nblue  ";
+        let pieces = spelled(text);
+        assert_eq!(pieces, ["  red ", "green\n", "blue  "]);
+        assert_eq!(pieces.concat(), text);
+        assert!(spelled(" \t").is_empty());
+    }
+
+    #[test]
+    fn a_continuation_scores_as_the_whole_text_does() {
+        let words = |t: &str| t.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let whole = continuation_logprobs(&words("red"), &words("green red red"));
+        let tail = continuation_logprobs(&words("red green"), &words("red red"));
+        assert_eq!(&whole[1..], tail.as_slice());
+    }
+}

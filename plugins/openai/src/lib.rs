@@ -6,16 +6,20 @@
 //! best route to prompt logprobs the server has (see [`score`]). The server's prefix cache shows
 //! up as `cached_prompt_tokens` where it reports `usage.prompt_tokens_details.cached_tokens`.
 //!
+//! Raw text goes to `/v1/completions` as it is.
+//!
 //! Modules: [`client`] (blocking HTTP, retries, error kinds), [`flavor`] (which server),
-//! [`chat`] (generate's wire format), [`score`], [`template`] (prompt rendering for scoring).
+//! [`chat`] (generate's wire format), [`completion`] (generate from raw text), [`score`],
+//! [`tokens`] (the server's `/tokenize` and `/detokenize`). Prompts for scoring are rendered by
+//! `lmhost-plugin-kit`'s chat templates.
 
 pub mod chat;
 pub mod client;
+pub mod completion;
 pub mod flavor;
 pub mod score;
-pub mod template;
+pub mod tokens;
 
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -23,11 +27,13 @@ use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
     GenerationRecord, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    TokenizeRecord,
 };
+use lmhost_plugin_kit::prompt::PromptFormat;
+use lmhost_plugin_kit::template::ChatTemplate;
 
 use client::{Client, ClientConfig};
 use flavor::Flavor;
-use template::ChatTemplate;
 
 /// Used when neither the option nor `OPENAI_BASE_URL` names a server: vLLM's default address.
 pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:8000/v1";
@@ -36,7 +42,8 @@ pub struct OpenAi {
     client: Client,
     flavor: Flavor,
     model: String,
-    template: Option<ChatTemplate>,
+    /// How chat prompts are written for scoring (the server renders them for generation).
+    format: PromptFormat,
     stats: Mutex<BackendStats>,
 }
 
@@ -93,7 +100,7 @@ impl Backend for OpenAi {
                 "chat_template",
                 OptionKind::String,
                 Value::Null,
-                "For scoring: the model's tokenizer_config.json or a Jinja chat template file (default: the server's /props).",
+                "For scoring: the model's tokenizer_config.json, a Jinja chat template file, or \"plain\" (default: the server's /props).",
             ),
         ]
     }
@@ -139,16 +146,17 @@ impl Backend for OpenAi {
                 chosen.unwrap_or(Flavor::from_models(&models).unwrap_or(Flavor::OpenAi))
             }
         };
-        let template = match text("chat_template") {
-            Some(path) => Some(ChatTemplate::from_file(Path::new(&path))?),
-            None if flavor.scores() => server_template(&client),
-            None => None,
-        };
+        let option = text("chat_template");
+        let published = (option.is_none() && flavor.scores())
+            .then(|| server_template(&client))
+            .flatten();
+        let format = PromptFormat::choose(option.as_deref(), published)?;
+        let has_template = !matches!(format, PromptFormat::None);
         context.logger.info(&format!(
             "{} server at {}, model `{model}`, scoring {}",
             flavor,
             client.base_url(),
-            if template.is_some() && flavor.scores() {
+            if has_template && flavor.scores() {
                 "available"
             } else {
                 "unavailable"
@@ -158,7 +166,7 @@ impl Backend for OpenAi {
             client,
             flavor,
             model,
-            template,
+            format,
             stats: Mutex::default(),
         })
     }
@@ -170,7 +178,8 @@ impl Backend for OpenAi {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             returns_logprobs: true,
-            scores_continuations: self.flavor.scores() && self.template.is_some(),
+            scores_continuations: self.flavor.scores()
+                && !matches!(self.format, PromptFormat::None),
             audio_input: false,
             prefix_cache: true,
             embeddings: false,
@@ -187,10 +196,17 @@ impl Backend for OpenAi {
                 "the openai backend sends text only; this conversation has audio",
             ));
         }
-        let body = chat::request(&self.model, self.flavor, snapshot, config);
-        let answer = self.client.post("/chat/completions", &body)?;
-        let url = format!("{}/chat/completions", self.client.base_url());
-        let record = chat::record(&answer, &url)?;
+        let record = if snapshot.is_raw() {
+            let body = completion::request(&self.model, self.flavor, snapshot, config);
+            let answer = self.client.post("/completions", &body)?;
+            let url = format!("{}/completions", self.client.base_url());
+            completion::record(&answer, &url)?
+        } else {
+            let body = chat::request(&self.model, self.flavor, snapshot, config);
+            let answer = self.client.post("/chat/completions", &body)?;
+            let url = format!("{}/chat/completions", self.client.base_url());
+            chat::record(&answer, &url)?
+        };
         self.account(
             record.prompt_tokens,
             record.cached_prompt_tokens,
@@ -207,7 +223,7 @@ impl Backend for OpenAi {
         let scorer = score::Scorer {
             client: &self.client,
             flavor: self.flavor,
-            template: self.template.as_ref(),
+            format: &self.format,
             model: &self.model,
         };
         let record = scorer.score(snapshot, reply)?;
@@ -244,6 +260,26 @@ impl Backend for OpenAi {
 
     fn stats(&self) -> BackendStats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// The server's own `/tokenize`, on the prompt as scoring writes it.
+    fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        let prompt = self.format.render(snapshot, &self.model)?;
+        tokens::tokenize(
+            &self.client,
+            self.flavor,
+            &self.model,
+            &prompt.text,
+            add_special && prompt.add_special,
+        )
+    }
+
+    fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
+        tokens::detokenize(&self.client, self.flavor, &self.model, ids)
     }
 }
 

@@ -13,12 +13,12 @@ use lmhost_plugin_api::{ConversationSnapshot, PluginError, ScoreRecord};
 use crate::chat::{short, token_id};
 use crate::client::Client;
 use crate::flavor::Flavor;
-use crate::template::ChatTemplate;
+use lmhost_plugin_kit::prompt::PromptFormat;
 
 pub struct Scorer<'a> {
     pub client: &'a Client,
     pub flavor: Flavor,
-    pub template: Option<&'a ChatTemplate>,
+    pub format: &'a PromptFormat,
     pub model: &'a str,
 }
 
@@ -36,16 +36,8 @@ impl Scorer<'_> {
                 self.client.base_url()
             )));
         }
-        let template = self.template.ok_or_else(|| {
-            PluginError::unsupported(format!(
-                "scoring on the {} server at {} needs the model's chat template: set option \
-                 `chat_template` to its tokenizer_config.json or a Jinja file",
-                self.flavor,
-                self.client.base_url()
-            ))
-        })?;
-        let messages: Vec<_> = snapshot.messages().collect();
-        let prompt = template.render(&messages, true)?;
+        // Chat prompts are written here with the model's template; raw text needs none.
+        let prompt = self.format.render(snapshot, self.model)?.text;
         match self.flavor {
             Flavor::Sglang => self.sglang(&prompt, reply),
             _ => self.echo(&prompt, reply),

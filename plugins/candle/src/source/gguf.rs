@@ -8,7 +8,11 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
 
-use super::{gguf_tokenizer, Loaded};
+use lmhost_plugin_kit::gguf::Metadata;
+use lmhost_plugin_kit::template::ChatTemplate;
+use lmhost_plugin_kit::tokenizer::TextTokenizer;
+
+use super::Loaded;
 use crate::models::llama::{BuildOptions, Llama, LlamaConfig};
 use crate::weights::{check_shape, Weight, WeightSource};
 
@@ -131,18 +135,12 @@ pub fn load(path: &Path, build: BuildOptions) -> Result<Loaded, String> {
     let content =
         Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
     let meta = &content.metadata;
-    let tokenizer = gguf_tokenizer::build(meta)?;
-    let vocab = tokenizer.get_vocab_size(true);
+    let text_meta = Metadata::read(path).map_err(|e| e.to_string())?;
+    let tokenizer = TextTokenizer::from_gguf(&text_meta).map_err(|e| e.to_string())?;
+    let vocab = tokenizer.vocab_size();
     let has_output = content.tensor_infos.contains_key("output.weight");
     let cfg = config(meta, vocab, has_output)?;
-    let chat_template = meta
-        .get("tokenizer.chat_template")
-        .and_then(|v| v.to_string().ok())
-        .cloned();
-    let eos = gguf_tokenizer::token_id(meta, "tokenizer.ggml.eos_token_id");
-    let bos = gguf_tokenizer::token_id(meta, "tokenizer.ggml.bos_token_id");
-    let name_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
-    let (bos_token, eos_token) = (name_of(bos), name_of(eos));
+    let chat_template = chat_template(&text_meta, &tokenizer)?;
     let mut source = GgufSource {
         content,
         reader,
@@ -152,11 +150,24 @@ pub fn load(path: &Path, build: BuildOptions) -> Result<Loaded, String> {
     Ok(Loaded {
         model: Box::new(model),
         chat_template,
-        eos_ids: eos.into_iter().collect(),
-        bos_token,
-        eos_token,
+        eos_ids: tokenizer.eog_ids().to_vec(),
         tokenizer,
     })
+}
+
+/// `tokenizer.chat_template`, compiled, with the BOS and EOS strings it may print.
+fn chat_template(
+    meta: &Metadata,
+    tokenizer: &TextTokenizer,
+) -> Result<Option<ChatTemplate>, String> {
+    const KEY: &str = "tokenizer.chat_template";
+    let Some(source) = meta.str(KEY) else {
+        return Ok(None);
+    };
+    let text = |id: Option<u32>| id.and_then(|i| tokenizer.token(i)).map(str::to_string);
+    ChatTemplate::new(source, format!("GGUF metadata `{KEY}`"))
+        .map(|t| Some(t.with_special_tokens(text(tokenizer.bos_id()), text(tokenizer.eos_id()))))
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -5,14 +5,14 @@
 //! against the config before use).
 
 mod gguf;
-pub mod gguf_tokenizer;
 mod hub;
 pub mod safetensors;
 
 use std::path::Path;
 
 use lmhost_plugin_api::PluginError;
-use tokenizers::Tokenizer;
+use lmhost_plugin_kit::template::ChatTemplate;
+use lmhost_plugin_kit::tokenizer::TextTokenizer;
 
 use crate::models::llama::BuildOptions;
 use crate::models::CausalLm;
@@ -20,11 +20,11 @@ use crate::models::CausalLm;
 /// A model ready to run, with what prompting it needs.
 pub struct Loaded {
     pub model: Box<dyn CausalLm>,
-    pub tokenizer: Tokenizer,
-    pub chat_template: Option<String>,
+    pub tokenizer: TextTokenizer,
+    /// The model's own template (with its BOS and EOS strings), if it ships one.
+    pub chat_template: Option<ChatTemplate>,
+    /// Ids that end generation.
     pub eos_ids: Vec<u32>,
-    pub bos_token: Option<String>,
-    pub eos_token: Option<String>,
 }
 
 /// Loads `model_id`: a `.gguf` file, a checkpoint directory, or else a hub id.

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
+use lmhost_plugin_kit::template::ChatTemplate;
+use lmhost_plugin_kit::tokenizer::TextTokenizer;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
@@ -148,13 +150,17 @@ pub fn load(
         Some(p) => serde_json::from_str(&read(p)?).map_err(|e| format!("{}: {e}", p.display()))?,
         None => Value::Null,
     };
-    let chat_template = tok_config
-        .get("chat_template")
-        .and_then(Value::as_str)
-        .map(String::from);
-    let bos_token = token_text(tok_config.get("bos_token"));
-    let eos_token = token_text(tok_config.get("eos_token"));
+    let id_of = |key: &str| token_text(tok_config.get(key)).and_then(|t| tokenizer.token_to_id(&t));
+    let (bos, eos_token) = (id_of("bos_token"), token_text(tok_config.get("eos_token")));
     let eos = eos_ids(&config_json, eos_token.as_deref(), &tokenizer);
+    let chat_template = match (&files.tokenizer_config, tok_config.get("chat_template")) {
+        (Some(path), Some(_)) => Some(
+            ChatTemplate::from_json(&tok_config, path.display().to_string())
+                .map_err(|e| e.to_string())?,
+        ),
+        _ => None,
+    };
+    let tokenizer = TextTokenizer::from_hf(tokenizer, bos, eos.first().copied());
     let tensors = load_tensors(&files.weights, &build.device)?;
     let mut source = SafetensorsSource { tensors };
     let model = Llama::load(cfg, &mut source, build)?;
@@ -163,8 +169,6 @@ pub fn load(
         tokenizer,
         chat_template,
         eos_ids: eos,
-        bos_token,
-        eos_token,
     })
 }
 

@@ -177,6 +177,16 @@ fn gguf_tensor_name(hf: &str) -> String {
 /// Writes a GGUF file with Q8_0 matrices (F32 norms) and gpt2 tokenizer metadata;
 /// `arch` is written as `general.architecture`.
 pub fn write_gguf(path: &Path, arch: &str) -> PathBuf {
+    write_gguf_with(path, arch, |_| {})
+}
+
+/// [`write_gguf`] with its metadata changed by `edit` first (to write a broken or different
+/// tokenizer or template).
+pub fn write_gguf_with(
+    path: &Path,
+    arch: &str,
+    edit: impl FnOnce(&mut Vec<(String, Value)>),
+) -> PathBuf {
     let tokens = vocab_tokens();
     let types: Vec<Value> = (0..tokens.len())
         .map(|i| Value::I32(if (256..259).contains(&i) { 3 } else { 1 }))
@@ -207,6 +217,8 @@ pub fn write_gguf(path: &Path, arch: &str) -> PathBuf {
         ("tokenizer.ggml.bos_token_id".into(), u(256)),
         ("tokenizer.chat_template".into(), s(CHATML)),
     ];
+    let mut metadata = metadata;
+    edit(&mut metadata);
     let qtensors: Vec<(String, QTensor)> = hf_tensors()
         .into_iter()
         .map(|(n, t)| {

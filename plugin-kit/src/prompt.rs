@@ -1,0 +1,173 @@
+//! A conversation as the prompt text a model reads: raw text as it is, chat messages through the
+//! model's chat template (with the assistant's turn opened), or, only where the user asks for it,
+//! plain `role: content` lines. A model without a template is never given invented markup
+//! silently: a base model is driven with raw text.
+
+use std::path::Path;
+
+use lmhost_plugin_api::{ConversationSnapshot, PluginError};
+
+use crate::template::{ChatMessage, ChatTemplate};
+
+/// The option value that asks for `role: content` lines instead of a template.
+pub const PLAIN: &str = "plain";
+
+/// How a backend turns chat messages into text.
+pub enum PromptFormat {
+    /// The model's (or the user's) Jinja chat template.
+    Template(ChatTemplate),
+    /// One `role: content` line per message, then `assistant:`; chosen by `chat_template = "plain"`.
+    Plain,
+    /// The model has no template and the user named none: chat messages are refused.
+    None,
+}
+
+/// A rendered prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    pub text: String,
+    /// Whether the tokenizer adds the special tokens it adds on its own (BOS): yes for raw
+    /// text and plain lines; a template writes the ones it wants itself.
+    pub add_special: bool,
+}
+
+impl PromptFormat {
+    /// The format a `chat_template` option names (`"plain"`, a Jinja file or a
+    /// `tokenizer_config.json`), or else the model's own template, if it has one.
+    pub fn choose(option: Option<&str>, model: Option<ChatTemplate>) -> Result<Self, PluginError> {
+        match option {
+            Some(PLAIN) => Ok(PromptFormat::Plain),
+            Some(path) => ChatTemplate::from_file(Path::new(path))
+                .map(PromptFormat::Template)
+                .map_err(|e| PluginError::config(format!("option `chat_template`: {e}"))),
+            None => Ok(model.map_or(PromptFormat::None, PromptFormat::Template)),
+        }
+    }
+
+    /// The prompt text for `snapshot`; `model` names the model in the error for a chat
+    /// conversation that has no template to go through.
+    pub fn render(
+        &self,
+        snapshot: &ConversationSnapshot,
+        model: &str,
+    ) -> Result<Prompt, PluginError> {
+        if snapshot.has_audio() {
+            return Err(PluginError::unsupported(
+                "this is a text backend; the conversation has audio",
+            ));
+        }
+        if snapshot.is_raw() {
+            return Ok(Prompt {
+                text: snapshot.raw_text(),
+                add_special: true,
+            });
+        }
+        let contents: Vec<(&str, String)> = snapshot
+            .messages()
+            .map(|m| (m.role.as_str(), m.text_content()))
+            .collect();
+        let (text, add_special) = match self {
+            PromptFormat::Template(template) => {
+                let messages: Vec<ChatMessage> = contents
+                    .iter()
+                    .map(|(role, content)| ChatMessage {
+                        role,
+                        content: content.as_str(),
+                    })
+                    .collect();
+                let text = template
+                    .render(&messages, true)
+                    .map_err(|e| PluginError::invalid_input(e.to_string()))?;
+                (text, false)
+            }
+            PromptFormat::Plain => (plain(&contents), true),
+            PromptFormat::None => return Err(no_template(model)),
+        };
+        Ok(Prompt { text, add_special })
+    }
+}
+
+fn no_template(model: &str) -> PluginError {
+    PluginError::invalid_input(format!(
+        "model {model} has no chat template, so it cannot take chat messages: send raw text \
+         (`--raw`, messages of role `raw`, or /v1/completions), or set the backend option \
+         `chat_template` to a Jinja file, a tokenizer_config.json, or \"plain\" for \
+         `role: content` lines"
+    ))
+}
+
+/// One `role: content` line per message, then `assistant:`.
+fn plain(messages: &[(&str, String)]) -> String {
+    let mut text: String = messages
+        .iter()
+        .map(|(role, content)| format!("{role}: {content}\n"))
+        .collect();
+    text.push_str("assistant:");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use lmhost_plugin_api::{Message, Role, Turn};
+
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn chat() -> ConversationSnapshot {
+        let messages = vec![
+            Message::text(Role::System, "Be brief."),
+            Message::text(Role::User, "Hi"),
+        ];
+        ConversationSnapshot::new(vec![Turn {
+            messages: messages.into(),
+        }])
+        .unwrap()
+    }
+
+    #[test]
+    fn a_template_renders_chat_with_the_reply_opened() {
+        let format = PromptFormat::Template(ChatTemplate::new(CHATML, "test").unwrap());
+        let prompt = format.render(&chat(), "m").unwrap();
+        assert_eq!(
+            prompt.text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(!prompt.add_special);
+    }
+
+    #[test]
+    fn raw_text_skips_every_format() {
+        let raw = ConversationSnapshot::raw("The capital of France is");
+        for format in [PromptFormat::Plain, PromptFormat::None] {
+            let prompt = format.render(&raw, "m").unwrap();
+            assert_eq!(prompt.text, "The capital of France is");
+            assert!(prompt.add_special);
+        }
+    }
+
+    #[test]
+    fn plain_lines_only_when_asked() {
+        let plain = PromptFormat::choose(Some(PLAIN), None).unwrap();
+        assert_eq!(
+            plain.render(&chat(), "m").unwrap().text,
+            "system: Be brief.\nuser: Hi\nassistant:"
+        );
+        let none = PromptFormat::choose(None, None).unwrap();
+        let err = none.render(&chat(), "base.gguf").unwrap_err();
+        assert!(
+            err.message.contains("base.gguf has no chat template"),
+            "{err}"
+        );
+        assert!(err.message.contains("raw"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_template_file_names_the_option() {
+        let err = PromptFormat::choose(Some("/nonexistent/t.jinja"), None)
+            .err()
+            .unwrap();
+        assert!(err.message.contains("chat_template"), "{err}");
+        assert!(err.message.contains("/nonexistent/t.jinja"), "{err}");
+    }
+}

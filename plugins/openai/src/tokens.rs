@@ -1,0 +1,116 @@
+//! The server's own tokenizer: `/tokenize` and `/detokenize` at the server root, in the shape
+//! each server takes (llama.cpp's `content` / `add_special` / `with_pieces`; vLLM's, SGLang's
+//! and `lmhost serve`'s `prompt` / `add_special_tokens` / `return_token_strs`).
+
+use lmhost_plugin_api::serde_json::{json, Value};
+use lmhost_plugin_api::{PluginError, TokenizeRecord};
+
+use crate::chat::short;
+use crate::client::Client;
+use crate::flavor::Flavor;
+
+pub fn tokenize(
+    client: &Client,
+    flavor: Flavor,
+    model: &str,
+    text: &str,
+    add_special: bool,
+) -> Result<TokenizeRecord, PluginError> {
+    refuse_openai(client, flavor, "tokenize")?;
+    let body = match flavor {
+        Flavor::LlamaCpp => {
+            json!({"content": text, "add_special": add_special, "with_pieces": true})
+        }
+        _ => json!({"model": model, "prompt": text, "add_special_tokens": add_special,
+                    "return_token_strs": true}),
+    };
+    let answer = client.post_root("/tokenize", &body)?;
+    let url = format!("{}/tokenize", client.root_url());
+    read_tokens(&answer, &url)
+}
+
+pub fn detokenize(
+    client: &Client,
+    flavor: Flavor,
+    model: &str,
+    ids: &[u32],
+) -> Result<String, PluginError> {
+    refuse_openai(client, flavor, "detokenize")?;
+    let answer = client.post_root("/detokenize", &json!({"model": model, "tokens": ids}))?;
+    ["prompt", "content"]
+        .iter()
+        .find_map(|key| answer.get(key).and_then(Value::as_str))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            PluginError::unavailable(format!(
+                "{}/detokenize answered without `prompt` or `content`: {}",
+                client.root_url(),
+                short(&answer)
+            ))
+        })
+}
+
+/// OpenAI's own API has no tokenizer endpoints.
+fn refuse_openai(client: &Client, flavor: Flavor, what: &str) -> Result<(), PluginError> {
+    if flavor == Flavor::OpenAi {
+        return Err(PluginError::unsupported(format!(
+            "the openai server at {} has no /{what} endpoint; vLLM, SGLang, llama.cpp and \
+             `lmhost serve` have one (option `flavor`)",
+            client.base_url()
+        )));
+    }
+    Ok(())
+}
+
+/// `tokens` as ids (with `token_strs` beside them) or as `{id, piece}` objects.
+fn read_tokens(answer: &Value, url: &str) -> Result<TokenizeRecord, PluginError> {
+    let bad = || {
+        PluginError::unavailable(format!(
+            "{url} answered without `tokens` as ids or {{id, piece}} objects: {}",
+            short(answer)
+        ))
+    };
+    let tokens = answer
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or_else(bad)?;
+    let strs = answer.get("token_strs").and_then(Value::as_array);
+    let mut record = TokenizeRecord {
+        token_ids: Default::default(),
+        pieces: Default::default(),
+    };
+    for (i, token) in tokens.iter().enumerate() {
+        let (id, piece) = match token {
+            Value::Number(n) => (n.as_u64(), strs.and_then(|s| s.get(i))),
+            object => (
+                object.get("id").and_then(Value::as_u64),
+                object.get("piece"),
+            ),
+        };
+        let id = id.and_then(|id| u32::try_from(id).ok()).ok_or_else(bad)?;
+        record.token_ids.push(id);
+        record
+            .pieces
+            .push(piece.and_then(Value::as_str).unwrap_or_default().into());
+    }
+    Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_both_servers_shapes() {
+        let vllm = json!({"count": 2, "tokens": [5, 6], "token_strs": ["a", "b"]});
+        let record = read_tokens(&vllm, "u").unwrap();
+        assert_eq!(record.token_ids.as_slice(), &[5, 6]);
+        assert_eq!(record.pieces[1].as_str(), "b");
+        let llama = json!({"tokens": [{"id": 7, "piece": "x"}]});
+        let record = read_tokens(&llama, "u").unwrap();
+        assert_eq!(record.token_ids.as_slice(), &[7]);
+        assert_eq!(record.pieces[0].as_str(), "x");
+        let err = read_tokens(&json!({"tokens": ["x"]}), "u").unwrap_err();
+        assert!(err.message.contains("`tokens`"), "{err}");
+    }
+}
