@@ -1,10 +1,10 @@
 //! The host's handle on a backend: plugin errors become host errors that name the plugin, and
 //! every request is validated before it crosses the boundary.
 
-use lmhost_plugin_api::abi_stable::std_types::RStr;
+use lmhost_plugin_api::abi_stable::std_types::{RSlice, RStr};
 use lmhost_plugin_api::{
     BackendBox, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, KvCacheSettings, PluginError, ScoreRecord,
+    GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TokenizeRecord,
 };
 
 use crate::error::{Error, Result};
@@ -77,6 +77,36 @@ impl Backend {
             ))));
         }
         Ok(records.into_vec())
+    }
+
+    /// The token ids the model runs for `snapshot`'s prompt (see the plugin API's `tokenize`).
+    pub fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> Result<TokenizeRecord> {
+        let record = self
+            .inner
+            .tokenize(snapshot, add_special)
+            .into_result()
+            .map_err(|e| self.wrap(e))?;
+        if record.pieces.len() != record.token_ids.len() {
+            return Err(self.wrap(PluginError::internal(format!(
+                "tokenize returned {} pieces for {} ids",
+                record.pieces.len(),
+                record.token_ids.len()
+            ))));
+        }
+        Ok(record)
+    }
+
+    /// The text of `ids`, special tokens included.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .detokenize(RSlice::from_slice(ids))
+            .into_result()
+            .map(|text| text.into_string())
+            .map_err(|e| self.wrap(e))
     }
 
     pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<()> {

@@ -20,6 +20,20 @@ fn kind(err: &Error) -> Option<ErrorKind> {
     err.plugin_kind()
 }
 
+/// `lmhost serve` takes completion prompts literally and publishes no template, so scoring
+/// through it renders chat with this one, as it would with the model's own.
+const LINES_TEMPLATE: &str = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:\n{% endif %}";
+
+/// The openai config for `lmhost serve` at `url`, with [`LINES_TEMPLATE`] written into `dir`.
+fn lmhost_config(url: &str, dir: &tempfile::TempDir, options: &str) -> String {
+    let path = dir.path().join("lines.jinja");
+    std::fs::write(&path, LINES_TEMPLATE).unwrap();
+    openai_config(
+        url,
+        &format!("chat_template = \"{}\"\n{options}", path.display()),
+    )
+}
+
 fn conversation() -> ConversationSnapshot {
     ConversationSnapshot::new(lmhost::conversation::group_turns([
         Message::text(Role::System, "Answer with colours."),
@@ -31,10 +45,11 @@ fn conversation() -> ConversationSnapshot {
 #[test]
 fn generate_and_score_through_lmhost_serve_match_the_backend() {
     let server = TestServer::mock(0, |_| {});
-    let remote = open(&openai_config(&server.url("/v1"), ""));
+    let dir = tempfile::tempdir().unwrap();
+    let remote = open(&lmhost_config(&server.url("/v1"), &dir, ""));
     assert!(
         remote.capabilities().scores_continuations,
-        "flavor lmhost detected, template fetched"
+        "flavor lmhost detected, template given"
     );
     let local = open(&common::mock_config(0));
     let config = GenerationConfig {
@@ -50,31 +65,70 @@ fn generate_and_score_through_lmhost_serve_match_the_backend() {
     assert_eq!(got.finish_reason, want.finish_reason);
     assert_eq!(got.prompt_tokens, want.prompt_tokens);
 
-    // Teacher-forced logprobs of the generated reply are the ones generation reported.
+    // Scoring sends the rendered prompt literally: the server scores that text's continuation.
+    let rendered = "system: Answer with colours.\nuser: red green blue red green\nassistant:\n";
     let scored = remote.score(&snapshot, &got.text).unwrap();
+    let want = local
+        .score(&ConversationSnapshot::raw(rendered), &got.text)
+        .unwrap();
     assert_eq!(scored.token_ids, got.token_ids);
-    assert_eq!(scored.logprobs, got.logprobs);
-    assert_eq!(scored, local.score(&snapshot, &got.text).unwrap());
+    assert_eq!(
+        (&scored.token_ids, &scored.logprobs, scored.prompt_tokens),
+        (&want.token_ids, &want.logprobs, want.prompt_tokens)
+    );
 }
 
 #[test]
 fn score_batch_sends_every_prompt_and_keeps_their_order() {
     let server = TestServer::mock(0, |_| {});
-    let remote = open(&openai_config(&server.url("/v1"), "concurrency = 3"));
+    let dir = tempfile::tempdir().unwrap();
+    let remote = open(&lmhost_config(&server.url("/v1"), &dir, "concurrency = 3"));
     let local = open(&common::mock_config(0));
     let prompts: Vec<_> = (0..8)
-        .map(|i| ConversationSnapshot::from_prompt(format!("red {}", "green ".repeat(i))))
+        .map(|i| format!("red {}", "green ".repeat(i)))
         .collect();
-    let got = remote.score_batch(&prompts, "green red").unwrap();
+    let chats: Vec<_> = prompts
+        .iter()
+        .map(|p| ConversationSnapshot::from_prompt(p.as_str()))
+        .collect();
+    let got = remote.score_batch(&chats, "green red").unwrap();
     assert_eq!(got.len(), prompts.len());
     for (prompt, got) in prompts.iter().zip(&got) {
-        let want = local.score(prompt, "green red").unwrap();
+        let rendered = ConversationSnapshot::raw(format!("user: {prompt}\nassistant:\n"));
+        let want = local.score(&rendered, "green red").unwrap();
         assert_eq!(
             (&got.token_ids, &got.logprobs),
             (&want.token_ids, &want.logprobs)
         );
     }
     assert_ne!(got[0].logprobs, got[7].logprobs, "prompts must matter");
+}
+
+#[test]
+fn raw_text_generates_and_tokenizes_through_lmhost_serve() {
+    let server = TestServer::mock(0, |_| {});
+    let remote = open(&openai_config(&server.url("/v1"), ""));
+    let local = open(&common::mock_config(0));
+    let raw = ConversationSnapshot::raw("alpha beta gamma delta");
+    let config = GenerationConfig {
+        max_new_tokens: 3,
+        ..Default::default()
+    };
+    let want = local.generate(&raw, &config).unwrap();
+    let got = remote.generate(&raw, &config).unwrap();
+    assert_eq!((&got.text, &got.logprobs), (&want.text, &want.logprobs));
+    // Raw text needs no template to score.
+    let want = local.score(&raw, " alpha beta").unwrap();
+    let got = remote.score(&raw, " alpha beta").unwrap();
+    assert_eq!(
+        (&got.token_ids, &got.logprobs),
+        (&want.token_ids, &want.logprobs)
+    );
+    let tokens = remote.tokenize(&raw, true).unwrap();
+    assert_eq!(tokens, local.tokenize(&raw, true).unwrap());
+    // The server's own words come back: mock's ids are hashes it cannot turn back into text.
+    let err = remote.detokenize(&[1]).unwrap_err();
+    assert!(err.to_string().contains("cannot detokenize"), "{err}");
 }
 
 #[test]

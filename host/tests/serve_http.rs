@@ -154,38 +154,44 @@ fn streamed_chat_carries_the_same_text_usage_and_done() {
     assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
 }
 
+/// `echo` scores every token of the literal prompt after the first, as vLLM does; the tokens
+/// past a prompt are its continuation's, scored as the backend scores that continuation.
 #[test]
-fn completions_echo_scores_the_reply_like_the_backend() {
+fn completions_echo_scores_every_token_of_the_literal_prompt() {
     let server = TestServer::mock(0, |_| {});
-    let prompt = "<|system|>\nBe brief.\n<|user|>\nred green blue red\n<|assistant|>\n";
-    let reply = "red blue";
+    let text = "red green blue red";
     let answer = post(
         &server.url("/v1/completions"),
-        &json!({"model": MODEL, "prompt": format!("{prompt}{reply}"), "echo": true,
-                "logprobs": 1, "max_tokens": 1})
-        .to_string(),
+        &json!({"model": MODEL, "prompt": text, "echo": true, "logprobs": 1, "max_tokens": 1})
+            .to_string(),
     );
     assert_eq!(answer.status, 200, "{}", answer.body);
     let json = answer.json();
-    let snapshot = ConversationSnapshot::new(lmhost::conversation::group_turns([
-        lmhost_plugin_api::Message::text(lmhost_plugin_api::Role::System, "Be brief."),
-        lmhost_plugin_api::Message::text(lmhost_plugin_api::Role::User, "red green blue red"),
-    ]))
-    .unwrap();
-    let expected = common::open(&common::mock_config(0))
-        .score(&snapshot, reply)
-        .unwrap();
     let lp = &json["choices"][0]["logprobs"];
     assert_eq!(lp["token_logprobs"][0], Value::Null);
     let scored: Vec<f32> = lp["token_logprobs"].as_array().unwrap()[1..]
         .iter()
         .map(|v| v.as_f64().unwrap() as f32)
         .collect();
-    assert_eq!(scored, expected.logprobs.as_slice());
-    assert!(lp["text_offset"].as_array().unwrap()[1..]
+    let local = common::open(&common::mock_config(0));
+    let whole = local
+        .score(&ConversationSnapshot::raw("red "), "green blue red")
+        .unwrap();
+    assert_eq!(scored, whole.logprobs.as_slice());
+    let continuation = local
+        .score(&ConversationSnapshot::raw("red green "), "blue red")
+        .unwrap();
+    assert_eq!(&scored[1..], continuation.logprobs.as_slice());
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
         .iter()
-        .all(|o| o.as_u64() == Some(prompt.len() as u64)));
-    assert_eq!(json["choices"][0]["text"], format!("{prompt}{reply}"));
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, [0, 4, 10, 15]);
+    assert_eq!(json["choices"][0]["text"], text);
+    assert_eq!(json["usage"]["prompt_tokens"], 4);
+    assert_eq!(json["usage"]["completion_tokens"], 0);
 }
 
 #[test]
@@ -199,6 +205,15 @@ fn text_completion_generates_from_a_plain_prompt() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     let json = answer.json();
     assert_eq!(json["object"], "text_completion");
+    // The prompt reaches the backend literally: no chat template, no role markers.
+    let config = lmhost::GenerationConfig {
+        max_new_tokens: 3,
+        ..Default::default()
+    };
+    let local = common::open(&common::mock_config(0))
+        .generate(&ConversationSnapshot::raw("alpha beta gamma"), &config)
+        .unwrap();
+    assert_eq!(json["choices"][0]["text"], local.text.as_str());
     let words = json["choices"][0]["text"]
         .as_str()
         .unwrap()
@@ -231,10 +246,11 @@ fn embeddings_models_props_and_health() {
     assert_eq!(models["data"][0]["id"], MODEL);
     assert_eq!(models["data"][0]["owned_by"], "lmhost");
     let props = get(&server.url("/props")).json();
-    assert!(props["chat_template"]
-        .as_str()
-        .unwrap()
-        .contains("<|{{ message.role }}|>"));
+    assert_eq!(props["server"], "lmhost");
+    assert!(
+        props.get("chat_template").is_none(),
+        "completions take prompts literally; no template is published"
+    );
     let health = get(&server.url("/health"));
     assert_eq!(
         (health.status, health.json()["status"].clone()),
@@ -353,7 +369,7 @@ fn malformed_requests_get_openai_errors_naming_the_field() {
         ),
         (
             &completions,
-            json!({"model": MODEL, "prompt": "plain", "echo": true, "logprobs": 1}).to_string(),
+            json!({"model": MODEL, "prompt": " ", "echo": true, "logprobs": 1}).to_string(),
             400,
             "prompt",
         ),
@@ -527,4 +543,58 @@ fn graceful_shutdown_finishes_in_flight_requests() {
         .as_str()
         .unwrap()
         .contains("finish"));
+}
+
+/// `/tokenize` answers vLLM's shape and llama.cpp's; `/detokenize` names what the backend
+/// cannot do; both refuse bad requests naming the field.
+#[test]
+fn tokenize_in_vllm_and_llama_cpp_shapes() {
+    let server = TestServer::mock(0, |_| {});
+    let local = common::open(&common::mock_config(0));
+    let want = local
+        .tokenize(&ConversationSnapshot::raw("alpha beta"), true)
+        .unwrap();
+    let vllm = post(
+        &server.url("/tokenize"),
+        &json!({"model": MODEL, "prompt": "alpha beta", "return_token_strs": true}).to_string(),
+    );
+    assert_eq!(vllm.status, 200, "{}", vllm.body);
+    let vllm = vllm.json();
+    assert_eq!(vllm["count"], 2);
+    assert_eq!(vllm["tokens"], json!(want.token_ids.as_slice()));
+    assert_eq!(vllm["token_strs"], json!(["alpha ", "beta"]));
+    let llama = post(
+        &server.url("/tokenize"),
+        &json!({"content": "alpha beta", "with_pieces": true}).to_string(),
+    )
+    .json();
+    assert_eq!(llama["tokens"][1]["id"], want.token_ids[1]);
+    assert_eq!(llama["tokens"][1]["piece"], "beta");
+    let chat = post(
+        &server.url("/tokenize"),
+        &json!({"messages": [{"role": "user", "content": "alpha"}]}).to_string(),
+    )
+    .json();
+    assert_eq!(chat["count"], 2, "role marker and word: {chat}");
+    for (body, param) in [
+        (json!({"prompt": "a", "content": "a"}), "prompt"),
+        (json!({"prompt": "a", "colour": 1}), "colour"),
+        (
+            json!({"prompt": "a", "add_generation_prompt": false}),
+            "add_generation_prompt",
+        ),
+    ] {
+        let answer = post(&server.url("/tokenize"), &body.to_string());
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        assert_eq!(answer.json()["error"]["param"], param, "{}", answer.body);
+    }
+    let answer = post(
+        &server.url("/detokenize"),
+        &json!({"tokens": [1, 2]}).to_string(),
+    );
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("cannot detokenize"));
 }

@@ -108,8 +108,9 @@ fn parse_role(s: &str) -> std::result::Result<Role, String> {
         "system" => Ok(Role::System),
         "user" => Ok(Role::User),
         "assistant" => Ok(Role::Assistant),
+        "raw" => Ok(Role::Raw),
         _ => Err(format!(
-            "unknown role `{s}`; expected system, user or assistant"
+            "unknown role `{s}`; expected system, user, assistant or raw"
         )),
     }
 }

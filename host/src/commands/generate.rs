@@ -1,9 +1,8 @@
 //! `lmhost generate`: one reply, as text or as the whole record in JSON.
 
-use std::path::PathBuf;
+use lmhost::{Config, Host, Result};
 
-use lmhost::{conversation, Config, ConversationSnapshot, Error, Host, Result};
-
+use super::input::{print_json, PromptArgs};
 use super::ConfigArg;
 
 #[derive(clap::Args)]
@@ -11,18 +10,8 @@ pub struct Args {
     #[command(flatten)]
     config: ConfigArg,
 
-    /// A single user message.
-    #[arg(
-        short,
-        long,
-        conflicts_with = "conversation",
-        required_unless_present = "conversation"
-    )]
-    prompt: Option<String>,
-
-    /// A conversation file (JSON; see the README).
-    #[arg(long, value_name = "FILE.json")]
-    conversation: Option<PathBuf>,
+    #[command(flatten)]
+    input: PromptArgs,
 
     /// Print the whole generation record as JSON.
     #[arg(long)]
@@ -31,19 +20,13 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let config = Config::load(&args.config.config)?;
-    let snapshot = match (&args.prompt, &args.conversation) {
-        (Some(prompt), _) => ConversationSnapshot::from_prompt(prompt.as_str()),
-        (None, Some(path)) => conversation::load(path)?,
-        (None, None) => return Err(Error::Invalid("give --prompt or --conversation".into())),
-    };
+    let snapshot = args.input.snapshot()?;
     let backend = Host::new().open(&config)?;
     let record = backend.generate(&snapshot, &config.generation)?;
     if args.json {
-        let json =
-            serde_json::to_string_pretty(&record).map_err(|e| Error::Invalid(e.to_string()))?;
-        println!("{json}");
+        print_json(&record)
     } else {
         println!("{}", record.text);
+        Ok(())
     }
-    Ok(())
 }

@@ -2,8 +2,11 @@
 
 mod explain;
 mod generate;
+mod input;
 mod plugins;
+mod score;
 mod serve;
+mod tokenize;
 
 use std::path::PathBuf;
 
@@ -35,6 +38,12 @@ enum Command {
     Plugins(plugins::Args),
     /// Generate a reply to a prompt or a conversation file.
     Generate(generate::Args),
+    /// Log-probability of a given reply, token by token (teacher-forced).
+    Score(score::Args),
+    /// The token ids the model reads for a prompt.
+    Tokenize(tokenize::TokenizeArgs),
+    /// The text of token ids.
+    Detokenize(tokenize::DetokenizeArgs),
     /// Attribute the model's answer to the parts of a conversation (Shapley values).
     Explain(Box<explain::Args>),
     /// Serve the backend over an OpenAI-compatible HTTP API.
@@ -45,6 +54,9 @@ pub fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Plugins(args) => plugins::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Score(args) => score::run(args),
+        Command::Tokenize(args) => tokenize::tokenize(args),
+        Command::Detokenize(args) => tokenize::detokenize(args),
         Command::Explain(args) => explain::run(args, cli.quiet),
         Command::Serve(args) => serve::run(args),
     }

@@ -83,8 +83,8 @@ impl fmt::Debug for Coalition {
 /// The conversation with only `coalition`'s players present; text outside any player stays.
 ///
 /// With `Absence::Delete` a message whose players are all absent is dropped (and a turn left
-/// empty with it); a conversation left with no message at all becomes one empty user message,
-/// since a prompt needs at least one. With `Absence::Pad` each absent player's text becomes the
+/// empty with it); a conversation left with no message at all becomes one empty message (user,
+/// or raw for raw text), since a prompt needs at least one. With `Absence::Pad` each absent player's text becomes the
 /// placeholder and the separators around it stay.
 pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> ConversationSnapshot {
     let mut turns = Vec::new();
@@ -113,8 +113,13 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
         }
     }
     if turns.is_empty() {
+        let role = if players.conversation().is_raw() {
+            Role::Raw
+        } else {
+            Role::User
+        };
         turns.push(Turn {
-            messages: RVec::from(vec![Message::text(Role::User, "")]),
+            messages: RVec::from(vec![Message::text(role, "")]),
         });
     }
     ConversationSnapshot::new(turns).expect("rendered turns are never empty")

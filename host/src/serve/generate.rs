@@ -10,15 +10,14 @@ use lmhost_plugin_api::abi_stable::std_types::RString;
 use lmhost_plugin_api::{FinishReason, GenerationConfig, GenerationRecord, Message, Part, Role};
 
 use super::body::JsonBody;
-use super::chat_format;
 use super::error::ApiError;
 use super::queue::QueueError;
 use super::routes::{check_model, next_id, now, Shared};
 use super::stream::ChatStream;
 use super::wire::{
-    AssistantMessage, ChatChoice, ChatCompletion, ChatRequest, ChoiceLogprobs, Completion,
-    CompletionChoice, CompletionLogprobs, CompletionRequest, Content, ContentPart, Prompt, Stop,
-    TokenLogprob, Usage, WireRole,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, ChoiceLogprobs,
+    Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Content, ContentPart,
+    Prompt, Stop, TokenLogprob, Usage, WireRole,
 };
 use super::AppState;
 use crate::conversation::group_turns;
@@ -48,25 +47,7 @@ pub(super) async fn chat(
             ));
         }
     }
-    let messages = request
-        .messages
-        .into_iter()
-        .map(|m| Message {
-            role: match m.role {
-                WireRole::System | WireRole::Developer => Role::System,
-                WireRole::User => Role::User,
-                WireRole::Assistant => Role::Assistant,
-            },
-            parts: match m.content {
-                Content::Text(text) => vec![Part::text(text)].into(),
-                Content::Parts(parts) => parts
-                    .into_iter()
-                    .map(|ContentPart::Text { text }| Part::text(text))
-                    .collect(),
-            },
-        })
-        .collect::<Vec<_>>();
-    let snapshot = snapshot("messages", messages)?;
+    let snapshot = chat_snapshot(request.messages)?;
     let max_tokens = match (request.max_completion_tokens, request.max_tokens) {
         (Some(n), _) => Some(("max_completion_tokens", n)),
         (None, Some(n)) => Some(("max_tokens", n)),
@@ -131,10 +112,8 @@ pub(super) async fn chat(
     .into_response())
 }
 
-/// Text completions. A prompt in lmhost's chat format (see [`chat_format`]) is read back into
-/// a conversation; other text is one user message. With `echo`, the prompt's final assistant
-/// message is scored (teacher-forced) instead of generating: the response echoes the prompt,
-/// with one logprob per reply token and `null` for the text before it.
+/// Text completions: the prompt is raw text, given to the model literally (no chat template).
+/// With `echo`, the prompt's own tokens are scored instead of generating (see [`super::echo`]).
 pub(super) async fn completions(
     state: Shared,
     JsonBody(request): JsonBody<CompletionRequest>,
@@ -164,18 +143,10 @@ pub(super) async fn completions(
             ))
         }
     };
-    let parsed = chat_format::parse(&prompt);
     if request.echo.unwrap_or(false) {
-        return score(&state, &prompt, parsed, request.logprobs.is_some()).await;
+        return super::echo::respond(&state, prompt, request.logprobs.is_some()).await;
     }
-    if parsed.reply.as_deref().is_some_and(|r| !r.is_empty()) {
-        return Err(ApiError::invalid(
-            "prompt",
-            "the prompt ends inside an assistant message; continuing one is not supported \
-             (end the prompt with `<|assistant|>\\n`, or use echo to score it)",
-        ));
-    }
-    let snapshot = snapshot("prompt", parsed.messages)?;
+    let snapshot = ConversationSnapshot::raw(prompt.as_str());
     let config = Sampling {
         max_tokens: request.max_tokens.map(|n| ("max_tokens", n)),
         temperature: request.temperature,
@@ -194,7 +165,7 @@ pub(super) async fn completions(
             .collect(),
         token_logprobs: record.logprobs.iter().map(|&l| Some(l)).collect(),
         top_logprobs: None,
-        text_offset: vec![prompt.len(); record.token_ids.len()],
+        text_offset: vec![prompt.chars().count(); record.token_ids.len()],
     });
     Ok(Json(Completion {
         id: next_id(&state, "cmpl"),
@@ -208,66 +179,6 @@ pub(super) async fn completions(
             finish_reason: finish_reason(record.finish_reason),
         }],
         usage: usage(&record),
-    })
-    .into_response())
-}
-
-async fn score(
-    state: &Arc<AppState>,
-    prompt: &str,
-    parsed: chat_format::Parsed,
-    with_logprobs: bool,
-) -> Result<Response, ApiError> {
-    let Some(reply) = parsed.reply.filter(|r| !r.is_empty()) else {
-        return Err(ApiError::invalid(
-            "prompt",
-            "with `echo`, the prompt must end with an assistant message to score, written in \
-             the chat_template that /props serves",
-        ));
-    };
-    let snapshot = snapshot("prompt", parsed.messages)?;
-    let backend = state.backend.clone();
-    let record = state
-        .queue
-        .run(move || backend.score(&snapshot, &reply))
-        .await
-        .map_err(|e| queue_error(state, e))??;
-    let replied = record.token_ids.len() as u32;
-    state.metrics.record_tokens(
-        record.prompt_tokens + replied,
-        0,
-        record.cached_prompt_tokens,
-    );
-    let logprobs = with_logprobs.then(|| {
-        let mut lp = CompletionLogprobs {
-            tokens: vec![prompt[..parsed.reply_offset].to_string()],
-            token_logprobs: vec![None],
-            top_logprobs: None,
-            text_offset: vec![0],
-        };
-        for (&id, &l) in record.token_ids.iter().zip(record.logprobs.iter()) {
-            lp.tokens.push(format!("token_id:{id}"));
-            lp.token_logprobs.push(Some(l));
-            lp.text_offset.push(parsed.reply_offset);
-        }
-        lp
-    });
-    Ok(Json(Completion {
-        id: next_id(state, "cmpl"),
-        object: "text_completion",
-        created: now(),
-        model: state.model.clone(),
-        choices: vec![CompletionChoice {
-            index: 0,
-            text: prompt.to_string(),
-            logprobs,
-            finish_reason: "length",
-        }],
-        usage: Usage::new(
-            record.prompt_tokens + replied,
-            0,
-            record.cached_prompt_tokens,
-        ),
     })
     .into_response())
 }
@@ -310,6 +221,28 @@ fn only_one(n: Option<u32>) -> Result<(), ApiError> {
         )),
         _ => Ok(()),
     }
+}
+
+/// The conversation of a chat request's `messages`.
+pub(super) fn chat_snapshot(messages: Vec<ChatMessage>) -> Result<ConversationSnapshot, ApiError> {
+    let messages = messages
+        .into_iter()
+        .map(|m| Message {
+            role: match m.role {
+                WireRole::System | WireRole::Developer => Role::System,
+                WireRole::User => Role::User,
+                WireRole::Assistant => Role::Assistant,
+            },
+            parts: match m.content {
+                Content::Text(text) => vec![Part::text(text)].into(),
+                Content::Parts(parts) => parts
+                    .into_iter()
+                    .map(|ContentPart::Text { text }| Part::text(text))
+                    .collect(),
+            },
+        })
+        .collect();
+    snapshot("messages", messages)
 }
 
 fn snapshot(field: &str, messages: Vec<Message>) -> Result<ConversationSnapshot, ApiError> {

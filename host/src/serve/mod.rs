@@ -10,13 +10,14 @@
 //! blocking calls from blocking threads.
 
 pub mod body;
-pub mod chat_format;
+mod echo;
 pub mod error;
 mod generate;
 pub mod metrics;
 pub mod queue;
 mod routes;
 mod stream;
+mod tokens;
 pub mod wire;
 
 use std::future::Future;

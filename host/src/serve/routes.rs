@@ -15,7 +15,6 @@ use lmhost_plugin_api::GenerationConfig;
 use serde_json::json;
 
 use super::body::JsonBody;
-use super::chat_format::CHAT_TEMPLATE;
 use super::error::ApiError;
 use super::generate::{chat, completions, queue_error};
 use super::wire::{Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Model, ModelList};
@@ -30,6 +29,8 @@ pub(super) fn build(state: Arc<AppState>, body_limit: usize) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(super::tokens::tokenize))
+        .route("/detokenize", post(super::tokens::detokenize))
         .route("/props", get(props))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
@@ -104,14 +105,11 @@ async fn models(State(state): Shared) -> Json<ModelList> {
     })
 }
 
-/// Server properties in llama.cpp's shape: clients read `chat_template` to write prompts for
-/// `/v1/completions` (see [`super::chat_format`]).
+/// Server properties in llama.cpp's shape. No `chat_template`: the backend renders chat
+/// behind the plugin boundary, and `/v1/completions` takes its prompt literally.
 async fn props(State(state): Shared) -> Json<serde_json::Value> {
     Json(json!({
         "model": state.model,
-        "chat_template": CHAT_TEMPLATE,
-        "bos_token": "",
-        "eos_token": "",
         "server": "lmhost",
         "version": env!("CARGO_PKG_VERSION"),
     }))

@@ -291,3 +291,28 @@ pub struct Model {
     pub created: u64,
     pub owned_by: &'static str,
 }
+
+/// `POST /tokenize`, in vLLM's shape (`prompt` or `messages`, `add_special_tokens`,
+/// `return_token_strs`) or llama.cpp's (`content`, `add_special`, `with_pieces`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub content: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Only `true` (the default): the chat template always opens the assistant's turn.
+    pub add_generation_prompt: Option<bool>,
+    pub add_special_tokens: Option<bool>,
+    pub add_special: Option<bool>,
+    pub return_token_strs: Option<bool>,
+    pub with_pieces: Option<bool>,
+}
+
+/// `POST /detokenize` (vLLM and llama.cpp both send `tokens`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}

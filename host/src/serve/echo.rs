@@ -1,0 +1,110 @@
+//! `echo` on `/v1/completions`: the prompt's own tokens with their logprobs, as vLLM answers it.
+//! The prompt is raw text; its first token has no logprob (nothing precedes it), every later
+//! token is scored teacher-forced. A client that wants a reply's logprobs sends prompt + reply
+//! and reads the tokens past the prompt's.
+
+use std::sync::Arc;
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lmhost_plugin_api::{ScoreRecord, TokenizeRecord};
+
+use super::error::ApiError;
+use super::generate::queue_error;
+use super::routes::{next_id, now};
+use super::wire::{Completion, CompletionChoice, CompletionLogprobs, Usage};
+use super::AppState;
+use crate::{Backend, ConversationSnapshot};
+
+pub(super) async fn respond(
+    state: &Arc<AppState>,
+    prompt: String,
+    with_logprobs: bool,
+) -> Result<Response, ApiError> {
+    let backend = state.backend.clone();
+    let text = prompt.clone();
+    let (tokens, record) = state
+        .queue
+        .run(move || score_prompt(&backend, &text))
+        .await
+        .map_err(|e| queue_error(state, e))??;
+    let prompt_tokens = record.prompt_tokens + record.token_ids.len() as u32;
+    state
+        .metrics
+        .record_tokens(prompt_tokens, 0, record.cached_prompt_tokens);
+    let logprobs = with_logprobs.then(|| logprobs(&tokens, &record));
+    Ok(Json(Completion {
+        id: next_id(state, "cmpl"),
+        object: "text_completion",
+        created: now(),
+        model: state.model.clone(),
+        choices: vec![CompletionChoice {
+            index: 0,
+            text: prompt,
+            logprobs,
+            finish_reason: "length",
+        }],
+        usage: Usage::new(prompt_tokens, 0, record.cached_prompt_tokens),
+    })
+    .into_response())
+}
+
+/// The prompt's tokens (as the text alone tokenizes) and the score of all but the first: the
+/// text of the first token is the prompt, the rest of the text its continuation.
+fn score_prompt(
+    backend: &Backend,
+    prompt: &str,
+) -> Result<(TokenizeRecord, ScoreRecord), ApiError> {
+    let tokens = backend.tokenize(&ConversationSnapshot::raw(prompt), false)?;
+    let Some(first) = tokens.pieces.first() else {
+        return Err(ApiError::invalid(
+            "prompt",
+            "`prompt` has no tokens; echo needs at least one",
+        ));
+    };
+    let rest = prompt.strip_prefix(first.as_str()).ok_or_else(|| {
+        ApiError::invalid(
+            "prompt",
+            format!(
+                "the prompt's first token {first:?} does not spell how the prompt starts (a \
+                 character split across tokens); echo cannot score it"
+            ),
+        )
+    })?;
+    let record = backend.score(&ConversationSnapshot::raw(first.as_str()), rest)?;
+    if record.token_ids.as_slice() != &tokens.token_ids[1..] {
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt tokenizes differently after its first token than as a whole; echo \
+             cannot score it",
+        ));
+    }
+    Ok((tokens, record))
+}
+
+/// One entry per prompt token: `token_id:N`, its logprob (`null` for the first) and its offset
+/// in characters, as vLLM counts them.
+fn logprobs(tokens: &TokenizeRecord, record: &ScoreRecord) -> CompletionLogprobs {
+    let mut offset = 0;
+    let text_offset = tokens
+        .pieces
+        .iter()
+        .map(|piece| {
+            let at = offset;
+            offset += piece.chars().count();
+            at
+        })
+        .collect();
+    CompletionLogprobs {
+        tokens: tokens
+            .token_ids
+            .iter()
+            .map(|id| format!("token_id:{id}"))
+            .collect(),
+        token_logprobs: std::iter::once(None)
+            .chain(record.logprobs.iter().map(|&l| Some(l)))
+            .collect(),
+        top_logprobs: None,
+        text_offset,
+    }
+}

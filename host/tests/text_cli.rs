@@ -1,0 +1,170 @@
+//! `lmhost tokenize`, `detokenize`, `score` and `generate --raw` on the real SmolLM2 model:
+//! the text front end end to end, from the command line to the candle backend and back.
+//! Needs `scripts/fetch-models` (the test command runs it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn lmhost(args: &[&str]) -> Output {
+    let model = repo().join("models/smollm2");
+    assert!(
+        model.exists(),
+        "{} is missing: run scripts/fetch-models",
+        model.display()
+    );
+    Command::new(env!("CARGO_BIN_EXE_lmhost"))
+        .current_dir(repo())
+        .arg("-q")
+        .args(args)
+        .args(["--config", "configs/default.toml"])
+        .output()
+        .expect("lmhost runs")
+}
+
+/// Runs a command that must succeed and print JSON.
+fn json(args: &[&str]) -> Value {
+    let output = lmhost(args);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn ids(value: &Value) -> Vec<u64> {
+    value["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn tokenize_shows_the_templated_prompt_and_detokenize_gives_it_back() {
+    let question = "What is the capital of France?";
+    let chat = json(&["tokenize", "--prompt", question, "--json"]);
+    let chat_ids = ids(&chat);
+    assert_eq!(chat_ids[0], 1, "ChatML opens with <|im_start|> (id 1)");
+    assert_eq!(chat["count"].as_u64(), Some(chat_ids.len() as u64));
+    let pieces: String = chat["pieces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert!(
+        pieces.ends_with(&format!(
+            "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+        )),
+        "{pieces:?}"
+    );
+    let list: Vec<String> = chat_ids.iter().map(u64::to_string).collect();
+    let text = json(&["detokenize", &list.join(","), "--json"]);
+    assert_eq!(text["text"], pieces, "detokenize keeps the special tokens");
+
+    // Raw text skips the template: the question's own tokens, which the chat prompt holds
+    // just before the user turn's <|im_end|> (id 2).
+    let raw = ids(&json(&[
+        "tokenize", "--raw", "--prompt", question, "--json",
+    ]));
+    assert!(raw.len() < chat_ids.len() && !raw.contains(&1));
+    let in_chat = chat_ids
+        .windows(raw.len() + 1)
+        .any(|w| w[..raw.len()] == raw[..] && w[raw.len()] == 2);
+    assert!(in_chat, "{raw:?} in {chat_ids:?}");
+}
+
+#[test]
+fn raw_scoring_is_the_continuation_of_the_text() {
+    let prompt = "The capital of France is";
+    let reply = " Paris, and the capital of Germany is Berlin.";
+    let short = json(&[
+        "score", "--raw", "--prompt", prompt, "--reply", reply, "--json",
+    ]);
+    // The same tokens scored as part of a longer continuation of a shorter prompt.
+    let rest = format!(" capital of France is{reply}");
+    let long = json(&[
+        "score", "--raw", "--prompt", "The", "--reply", &rest, "--json",
+    ]);
+    let (short_ids, long_ids) = (ids(&short), ids(&long));
+    assert!(
+        long_ids.ends_with(&short_ids),
+        "{long_ids:?} / {short_ids:?}"
+    );
+    let logprobs = |v: &Value| -> Vec<f64> {
+        v["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b) = (logprobs(&short), logprobs(&long));
+    let tail = &b[b.len() - a.len()..];
+    let diff = a
+        .iter()
+        .zip(tail)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    assert!(diff < 1e-4, "max |Δ logprob| {diff}");
+    let total = short["total_logprob"].as_f64().unwrap();
+    assert!((total - a.iter().sum::<f64>()).abs() < 1e-3);
+    // A plausible continuation beats an implausible one.
+    let wrong = json(&[
+        "score",
+        "--raw",
+        "--prompt",
+        prompt,
+        "--reply",
+        " a purple banana.",
+        "--json",
+    ]);
+    let per_token = |v: &Value| v["total_logprob"].as_f64().unwrap() / ids(v).len() as f64;
+    assert!(per_token(&short) > per_token(&wrong));
+}
+
+#[test]
+fn generate_raw_continues_the_text_without_a_template() {
+    let output = lmhost(&[
+        "generate",
+        "--raw",
+        "--prompt",
+        "The capital of France is",
+        "--json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let record: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // Without the chat template the prompt is the sentence's 5 tokens (no <|im_start|>).
+    assert_eq!(record["prompt_tokens"], 5);
+    assert!(
+        record["text"].as_str().unwrap().contains("Paris"),
+        "{record}"
+    );
+}
+
+#[test]
+fn bad_token_ids_are_refused_naming_them() {
+    let output = lmhost(&["detokenize", "5,x"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`x`"), "{stderr}");
+    let output = lmhost(&["detokenize", "99999999"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("outside the vocabulary of 49152"),
+        "{stderr}"
+    );
+}
