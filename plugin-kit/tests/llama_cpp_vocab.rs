@@ -299,3 +299,23 @@ fn smollm2_matches_the_hand_built_pipeline() {
         assert_eq!(new, old.get_ids(), "{text:?}");
     }
 }
+
+/// A continuation tokenizes as it does inside the whole text, in both families: SentencePiece
+/// (whose space prefix belongs to the start of a text only) and byte-level BPE.
+#[test]
+fn continuations_have_their_tokens_in_the_whole_text() {
+    for name in ["llama-spm", "phi-3", "llama-bpe", "qwen2"] {
+        let tok = load(name);
+        let (prompt, reply) = (
+            "The capital of France is",
+            " Paris, and Berlin is in Germany.",
+        );
+        let whole = tok
+            .encode(&format!("{prompt}{reply}"), false, true)
+            .expect("whole");
+        let head = tok.encode(prompt, false, true).expect("prompt");
+        let tail = tok.encode_continuation(reply).expect("continuation");
+        assert_eq!(whole[head.len()..], tail[..], "{name}");
+        assert_eq!([head, tail].concat(), whole, "{name}");
+    }
+}

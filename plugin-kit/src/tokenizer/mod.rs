@@ -89,6 +89,8 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     /// `inner` with special tokens read as plain text (built on first use).
     plain: OnceLock<Tokenizer>,
+    /// `inner` without SentencePiece's space prefix, where it has one: for continuations.
+    continuation: Option<Tokenizer>,
     kind: String,
     tokens: Vec<String>,
     ids: TextIds,
@@ -124,7 +126,12 @@ impl TextTokenizer {
                 let space = meta.bool(ADD_SPACE_PREFIX).unwrap_or(true);
                 let inner = spm::build(&vocab, unk.as_deref(), space)?;
                 let framing = llama_framing(meta, &specials, true, false);
-                Self::assemble(inner, "llama".into(), vocab, specials, framing)
+                let mut tokenizer =
+                    Self::assemble(inner, "llama".into(), vocab, specials, framing)?;
+                if space {
+                    tokenizer.continuation = Some(spm::without_space_prefix(&tokenizer.inner)?);
+                }
+                Ok(tokenizer)
             }
             "bert" => {
                 let defaults = Defaults {
@@ -178,6 +185,7 @@ impl TextTokenizer {
         TextTokenizer {
             inner: tokenizer,
             plain: OnceLock::new(),
+            continuation: None,
             kind: "tokenizer.json".into(),
             tokens,
             ids: vocab.into_iter().collect(),
@@ -234,6 +242,7 @@ impl TextTokenizer {
         Ok(TextTokenizer {
             inner,
             plain: OnceLock::new(),
+            continuation: None,
             kind,
             tokens: vocab.tokens,
             ids: vocab.ids,
@@ -242,6 +251,20 @@ impl TextTokenizer {
             eog: specials.eog,
             framing,
         })
+    }
+
+    /// The tokens of `text` as it reads after other text (a reply, a continuation): no BOS or
+    /// EOS, no SentencePiece space prefix, special-token text parsed. So a continuation has the
+    /// same tokens after every prompt, and the ones it has in the whole text wherever the
+    /// boundary between the two is a token boundary.
+    pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        match &self.continuation {
+            Some(tokenizer) => tokenizer
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizerError::Encode(e.to_string())),
+            None => self.encode(text, false, true),
+        }
     }
 
     /// `add_special`: add BOS/EOS as the model's metadata asks (add_bos_token /

@@ -86,3 +86,14 @@ fn merges(vocab: &Vocab, scores: &[f32]) -> Vec<(String, String)> {
         .map(|(_, _, left, right)| (left.to_string(), right.to_string()))
         .collect()
 }
+
+/// `tokenizer` without the `▁` it prepends to a text: how a text that continues another reads
+/// (llama.cpp adds the prefix only at the start of a text and after special tokens).
+pub(super) fn without_space_prefix(tokenizer: &Tokenizer) -> Result<Tokenizer, TokenizerError> {
+    let mut continuation = tokenizer.clone();
+    let normalizers: Vec<NormalizerWrapper> = vec![escape_spaces()?.into()];
+    continuation
+        .with_normalizer(Some(Sequence::new(normalizers)))
+        .map_err(|e| build_error("the normalizer", e))?;
+    Ok(continuation)
+}

@@ -166,9 +166,16 @@ impl Engine {
         extra: usize,
     ) -> Result<Vec<u32>, PluginError> {
         let prompt = self.format.render(snapshot, &self.model_id)?;
-        let ids = self.encode(&prompt.text, prompt.add_special)?;
+        let mut ids = self.encode(&prompt.text, prompt.add_special)?;
+        if ids.is_empty() && prompt.add_special {
+            // Empty raw text starts from the model's start-of-text token, so that it can still
+            // be continued (an explanation's empty coalition is such a prompt).
+            ids.extend(self.loaded.tokenizer.bos_id());
+        }
         if ids.is_empty() {
-            return Err(PluginError::invalid_input("the prompt is empty (0 tokens)"));
+            return Err(PluginError::invalid_input(
+                "the prompt is empty (0 tokens, and the model has no BOS token to start from)",
+            ));
         }
         if ids.len() + extra > self.max_context {
             return Err(PluginError::invalid_input(format!(
@@ -473,19 +480,26 @@ impl Engine {
         reply: &str,
         store: Option<&mut dyn PrefixStore>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        // After a chat template's turn marker the reply is tokenized on its own, the same for
-        // every prompt; raw text is continued, so it is tokenized with the prompt it follows.
+        // The reply has the same tokens after every prompt: on its own after a chat template's
+        // turn marker, and as a continuation (no SentencePiece space prefix) after raw text.
         let chat_reply = self.encode(reply, false)?;
+        let raw_reply = self
+            .loaded
+            .tokenizer
+            .encode_continuation(reply)
+            .map_err(|e| PluginError::internal(format!("tokenizer: {e}")))?;
         let items = snapshots
             .iter()
             .enumerate()
             .map(|(i, snapshot)| {
-                let item = if snapshot.is_raw() {
-                    self.raw_item(snapshot, reply)
+                let reply_ids = if snapshot.is_raw() {
+                    &raw_reply
                 } else {
-                    self.prompt_ids(snapshot, chat_reply.len())
-                        .map(|prompt| Item::scoring(prompt, chat_reply.clone()))
+                    &chat_reply
                 };
+                let item = self
+                    .prompt_ids(snapshot, reply_ids.len())
+                    .map(|prompt| Item::scoring(prompt, reply_ids.clone()));
                 item.map_err(|e| {
                     if snapshots.len() > 1 {
                         PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
@@ -510,31 +524,6 @@ impl Engine {
             Ok(())
         })?;
         Ok(records)
-    }
-
-    /// A raw prompt and its continuation: the reply's ids are those that follow the prompt's in
-    /// the tokens of prompt + reply, so a continuation tokenizes as the text would as a whole.
-    fn raw_item(&self, snapshot: &ConversationSnapshot, reply: &str) -> Result<Item, PluginError> {
-        let prompt = self.prompt_ids(snapshot, 0)?;
-        let text = format!("{}{reply}", snapshot.raw_text());
-        let all = self.encode(&text, true)?;
-        if !all.starts_with(&prompt) {
-            return Err(PluginError::invalid_input(format!(
-                "the reply's first token merges with the end of the raw prompt (the prompt's \
-                 tokens are not a prefix of prompt + reply's); end the prompt at a token \
-                 boundary, e.g. before the space that starts the reply. Reply: {reply:?}"
-            )));
-        }
-        let scored = all[prompt.len()..].to_vec();
-        if prompt.len() + scored.len() > self.max_context {
-            return Err(PluginError::invalid_input(format!(
-                "the prompt has {} tokens (+{} reply tokens), more than the context of {} tokens",
-                prompt.len(),
-                scored.len(),
-                self.max_context
-            )));
-        }
-        Ok(Item::scoring(prompt, scored))
     }
 
     /// [`Engine::score_batch`] of one prompt.

@@ -162,3 +162,39 @@ fn tokenize_renders_the_template_and_detokenize_inverts_it() {
     assert_eq!(err.kind, ErrorKind::InvalidInput);
     assert!(err.message.contains("1000000"), "{err}");
 }
+
+#[test]
+fn empty_raw_text_starts_from_bos_and_continuations_match_the_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let b = backend(&path, json!({}));
+    // The tiny vocabulary's BOS is id 256; "" alone has no tokens.
+    let empty = b
+        .score(&ConversationSnapshot::raw(""), "hello there")
+        .unwrap();
+    assert_eq!(empty.prompt_tokens, 1);
+    let whole = b
+        .tokenize(&ConversationSnapshot::raw("hello there"), true)
+        .unwrap();
+    assert_eq!(empty.token_ids, whole.token_ids);
+    // A continuation is scored as the same tokens of the whole text, in the same context.
+    let head = b
+        .score(&ConversationSnapshot::raw("h"), "ello there")
+        .unwrap();
+    assert_eq!(head.token_ids.as_slice(), &whole.token_ids[1..]);
+    let tail = b
+        .score(&ConversationSnapshot::raw("hello"), " there")
+        .unwrap();
+    let n = tail.token_ids.len();
+    assert_eq!(
+        tail.token_ids.as_slice(),
+        &head.token_ids[head.token_ids.len() - n..]
+    );
+    let diff = tail
+        .logprobs
+        .iter()
+        .zip(&head.logprobs[head.logprobs.len() - n..])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(diff < 1e-5, "max |Δ logprob| {diff}");
+}
