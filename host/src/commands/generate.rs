@@ -1,8 +1,8 @@
 //! `lmhost generate`: one reply, as text or as the whole record in JSON.
 
-use lmhost::{Config, Host, Result};
+use lmhost::Result;
 
-use super::input::{print_json, PromptArgs};
+use super::input::{open, print_json, PromptArgs};
 use super::ConfigArg;
 
 #[derive(clap::Args)]
@@ -19,9 +19,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let config = Config::load(&args.config.config)?;
-    let snapshot = args.input.snapshot()?;
-    let backend = Host::new().open(&config)?;
+    let (config, snapshot, backend) = open(&args.config, &args.input)?;
     let record = backend.generate(&snapshot, &config.generation)?;
     if args.json {
         print_json(&record)

@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use lmhost::{conversation, ConversationSnapshot, Result};
+use lmhost::{conversation, Backend, Config, ConversationSnapshot, Host, Result};
+
+use super::ConfigArg;
 
 #[derive(clap::Args)]
 pub struct PromptArgs {
@@ -36,6 +38,17 @@ impl PromptArgs {
             )),
         }
     }
+}
+
+/// The config, the prompt and the backend it names, in the order their errors are best met.
+pub fn open(
+    config: &ConfigArg,
+    input: &PromptArgs,
+) -> Result<(Config, ConversationSnapshot, Backend)> {
+    let config = Config::load(&config.config)?;
+    let snapshot = input.snapshot()?;
+    let backend = Host::new().open(&config)?;
+    Ok((config, snapshot, backend))
 }
 
 /// Pretty JSON on stdout.

@@ -1,9 +1,9 @@
 //! `lmhost score`: the log-probability of a given reply, token by token (teacher-forced).
 
-use lmhost::{Config, Host, Result};
+use lmhost::Result;
 use serde_json::json;
 
-use super::input::{print_json, PromptArgs};
+use super::input::{open, print_json, PromptArgs};
 use super::ConfigArg;
 
 #[derive(clap::Args)]
@@ -24,9 +24,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let config = Config::load(&args.config.config)?;
-    let snapshot = args.input.snapshot()?;
-    let backend = Host::new().open(&config)?;
+    let (_, snapshot, backend) = open(&args.config, &args.input)?;
     let record = backend.score(&snapshot, &args.reply)?;
     // Pieces are a courtesy: a backend that cannot detokenize still scores.
     let pieces: Vec<Option<String>> = record

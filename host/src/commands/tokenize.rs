@@ -4,7 +4,7 @@
 use lmhost::{Config, Error, Host, Result};
 use serde_json::json;
 
-use super::input::{print_json, PromptArgs};
+use super::input::{open, print_json, PromptArgs};
 use super::ConfigArg;
 
 #[derive(clap::Args)]
@@ -39,9 +39,7 @@ pub struct DetokenizeArgs {
 }
 
 pub fn tokenize(args: &TokenizeArgs) -> Result<()> {
-    let config = Config::load(&args.config.config)?;
-    let snapshot = args.input.snapshot()?;
-    let backend = Host::new().open(&config)?;
+    let (_, snapshot, backend) = open(&args.config, &args.input)?;
     let record = backend.tokenize(&snapshot, !args.no_special)?;
     if args.json {
         return print_json(&json!({

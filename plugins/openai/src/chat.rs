@@ -69,12 +69,7 @@ pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError
             token_ids.push(token_id(token.get("token")));
         }
     }
-    let finish_reason = match choice.get("finish_reason").and_then(Value::as_str) {
-        Some("length") => FinishReason::Length,
-        // vLLM and lmhost say which stop string ended generation; a stop token is a number.
-        _ if choice.get("stop_reason").is_some_and(Value::is_string) => FinishReason::StopString,
-        _ => FinishReason::Eos,
-    };
+    let finish_reason = finish_reason(choice);
     let usage = answer.get("usage");
     let count = |pointer: &str| {
         usage
@@ -92,6 +87,16 @@ pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError
         cached_prompt_tokens: count("/prompt_tokens_details/cached_tokens"),
         finish_reason,
     })
+}
+
+/// Why a choice ended; vLLM and lmhost say which stop string ended generation (a stop token
+/// is a number).
+pub fn finish_reason(choice: &Value) -> FinishReason {
+    match choice.get("finish_reason").and_then(Value::as_str) {
+        Some("length") => FinishReason::Length,
+        _ if choice.get("stop_reason").is_some_and(Value::is_string) => FinishReason::StopString,
+        _ => FinishReason::Eos,
+    }
 }
 
 /// `token_id:N` (vLLM's `return_tokens_as_token_ids`, and `lmhost serve`) gives the id.

@@ -2,11 +2,9 @@
 //! no chat template (base models, raw continuations).
 
 use lmhost_plugin_api::serde_json::{json, Value};
-use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError,
-};
+use lmhost_plugin_api::{ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError};
 
-use crate::chat::{short, token_id};
+use crate::chat::{finish_reason, short, token_id};
 use crate::flavor::Flavor;
 
 /// The request body: `chat::request`'s sampling fields, with `prompt` for `messages`.
@@ -52,11 +50,6 @@ pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError
             logprobs.push(logprob as f32);
         }
     }
-    let finish_reason = match choice.get("finish_reason").and_then(Value::as_str) {
-        Some("length") => FinishReason::Length,
-        _ if choice.get("stop_reason").is_some_and(Value::is_string) => FinishReason::StopString,
-        _ => FinishReason::Eos,
-    };
     let count = |pointer: &str| answer.pointer(pointer).and_then(Value::as_u64).unwrap_or(0) as u32;
     Ok(GenerationRecord {
         text: text.into(),
@@ -66,13 +59,14 @@ pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError
         contextual_embedding: None.into(),
         prompt_tokens: count("/usage/prompt_tokens"),
         cached_prompt_tokens: count("/usage/prompt_tokens_details/cached_tokens"),
-        finish_reason,
+        finish_reason: finish_reason(choice),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lmhost_plugin_api::FinishReason;
 
     #[test]
     fn raw_text_is_the_prompt_and_no_messages_are_sent() {
