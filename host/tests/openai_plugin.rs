@@ -327,19 +327,61 @@ fn template_file(dir: &tempfile::TempDir) -> String {
     path.display().to_string()
 }
 
+/// vLLM's echo answer with `return_tokens_as_token_ids`, as `OpenAIServingCompletion.
+/// _create_completion_logprobs` (vllm/entrypoints/openai/serving_completion.py) writes it: the
+/// tokens are `token_id:N` strings, and `text_offset` adds up the lengths of those strings, not
+/// of the prompt's text; the last token is the generated one.
+fn vllm_echo(ids: &[u32], logprobs: &[Option<f64>], generated: u32) -> String {
+    let tokens: Vec<String> = ids.iter().map(|id| format!("token_id:{id}")).collect();
+    let mut offset = 0;
+    let offsets: Vec<usize> = tokens
+        .iter()
+        .map(|t| {
+            let at = offset;
+            offset += t.len();
+            at
+        })
+        .collect();
+    serde_json::json!({
+        "choices": [{"index": 0, "text": "", "logprobs": {
+            "tokens": tokens, "token_logprobs": logprobs, "top_logprobs": null,
+            "text_offset": offsets}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": ids.len() as u32 - generated, "completion_tokens": generated,
+                  "total_tokens": ids.len(), "prompt_tokens_details": {"cached_tokens": 2}}
+    })
+    .to_string()
+}
+
+/// vLLM's `/tokenize` answer (serving_tokenization.py).
+fn vllm_tokens(ids: &[u32]) -> String {
+    serde_json::json!({"count": ids.len(), "max_model_len": 2048, "tokens": ids,
+                       "token_strs": null})
+    .to_string()
+}
+
 #[test]
-fn vllm_scores_through_completions_echo_with_token_ids() {
-    // Prompt "<user>hi<assistant>" is 19 bytes: tokens at offsets >= 19 are the reply's; the
-    // last token was generated (completion_tokens = 1) and is not part of it.
-    let answer = serde_json::json!({
-        "choices": [{"text": "", "logprobs": {
-            "tokens": ["token_id:1", "token_id:2", "token_id:30", "token_id:31", "token_id:9"],
-            "token_logprobs": [null, -0.1, -0.25, -0.5, -2.0],
-            "text_offset": [0, 6, 19, 22, 25]}, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5,
-                  "prompt_tokens_details": {"cached_tokens": 2}}
-    });
-    let script = ScriptServer::start(vec![(200, answer.to_string())]);
+fn vllm_scores_by_tokens_counted_with_its_own_tokenizer() {
+    // Prompt "<user>hi<assistant>" is 3 tokens; prompt + reply is 5; the echo holds those 5
+    // and one generated token.
+    let script = ScriptServer::start(vec![
+        (200, vllm_tokens(&[1, 2, 3])),
+        (200, vllm_tokens(&[1, 2, 3, 30, 31])),
+        (
+            200,
+            vllm_echo(
+                &[1, 2, 3, 30, 31, 9],
+                &[
+                    None,
+                    Some(-0.1),
+                    Some(-0.2),
+                    Some(-0.25),
+                    Some(-0.5),
+                    Some(-2.0),
+                ],
+                1,
+            ),
+        ),
+    ]);
     let dir = tempfile::tempdir().unwrap();
     let backend = open(&openai_config(
         &script.base_url(),
@@ -354,13 +396,75 @@ fn vllm_scores_through_completions_echo_with_token_ids() {
         .unwrap();
     assert_eq!(record.token_ids.as_slice(), &[30, 31]);
     assert_eq!(record.logprobs.as_slice(), &[-0.25, -0.5]);
-    assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (2, 2));
-    let request = script.requests.lock().unwrap()[0].clone();
-    assert!(request.starts_with("POST /v1/completions"), "{request}");
-    let body = body_json(&request);
+    assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (3, 2));
+    let requests = script.requests.lock().unwrap().clone();
+    assert!(requests[0].starts_with("POST /tokenize"), "{}", requests[0]);
+    assert_eq!(body_json(&requests[0])["prompt"], "<user>hi<assistant>");
+    assert_eq!(
+        body_json(&requests[1])["prompt"],
+        "<user>hi<assistant>yes no"
+    );
+    assert!(
+        requests[2].starts_with("POST /v1/completions"),
+        "{}",
+        requests[2]
+    );
+    let body = body_json(&requests[2]);
     assert_eq!(body["prompt"], "<user>hi<assistant>yes no");
     assert_eq!(body["echo"], true);
     assert_eq!(body["return_tokens_as_token_ids"], true);
+}
+
+#[test]
+fn a_merged_boundary_a_miscount_or_no_reply_tokens_is_an_error_naming_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = format!(
+        "flavor = \"vllm\"\nchat_template = \"{}\"",
+        template_file(&dir)
+    );
+    let echo = vllm_echo(
+        &[1, 2, 3, 30, 9],
+        &[None, Some(-0.1), Some(-0.2), Some(-0.3), Some(-1.0)],
+        1,
+    );
+    let cases = [
+        // The prompt's last token and the reply's first merge into one.
+        (
+            vec![
+                (200, vllm_tokens(&[1, 2, 3])),
+                (200, vllm_tokens(&[1, 2, 40])),
+            ],
+            "prefix",
+        ),
+        // The echo holds fewer prompt tokens than the tokenizer counts.
+        (
+            vec![
+                (200, vllm_tokens(&[1, 2, 3])),
+                (200, vllm_tokens(&[1, 2, 3, 30, 31])),
+                (200, echo.clone()),
+            ],
+            "echoed 4 prompt tokens where its tokenizer counts 5",
+        ),
+        // The reply has no tokens of its own.
+        (
+            vec![
+                (200, vllm_tokens(&[1, 2, 3, 30])),
+                (200, vllm_tokens(&[1, 2, 3, 30])),
+                (200, echo),
+            ],
+            "no tokens to score",
+        ),
+    ];
+    for (script, expected) in cases {
+        let script = ScriptServer::start(script);
+        let backend = open(&openai_config(&script.base_url(), &options));
+        let err = backend
+            .score(&ConversationSnapshot::from_prompt("hi"), "yes")
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(expected), "{expected}: {text}");
+        assert!(text.contains(&script.addr.to_string()), "{text}");
+    }
 }
 
 #[test]

@@ -52,6 +52,11 @@ impl Client {
         }
     }
 
+    /// Most requests in flight at once.
+    pub fn concurrency(&self) -> usize {
+        self.config.concurrency.max(1)
+    }
+
     pub fn base_url(&self) -> &str {
         &self.config.base_url
     }

@@ -51,11 +51,6 @@ impl Flavor {
     pub fn returns_token_ids_on_request(self) -> bool {
         self == Flavor::Vllm
     }
-
-    /// Can return teacher-forced logprobs of a prompt.
-    pub fn scores(self) -> bool {
-        matches!(self, Flavor::Vllm | Flavor::Sglang | Flavor::Lmhost)
-    }
 }
 
 impl fmt::Display for Flavor {

@@ -13,6 +13,7 @@
 //! [`tokens`] (the server's `/tokenize` and `/detokenize`). Prompts for scoring are rendered by
 //! `lmhost-plugin-kit`'s chat templates.
 
+pub mod abilities;
 pub mod chat;
 pub mod client;
 pub mod completion;
@@ -20,6 +21,7 @@ pub mod flavor;
 pub mod score;
 pub mod tokens;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -32,6 +34,7 @@ use lmhost_plugin_api::{
 use lmhost_plugin_kit::prompt::PromptFormat;
 use lmhost_plugin_kit::template::ChatTemplate;
 
+use abilities::{Abilities, Scoring};
 use client::{Client, ClientConfig};
 use flavor::Flavor;
 
@@ -41,6 +44,7 @@ pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:8000/v1";
 pub struct OpenAi {
     client: Client,
     flavor: Flavor,
+    abilities: Abilities,
     model: String,
     /// How chat prompts are written for scoring (the server renders them for generation).
     format: PromptFormat,
@@ -127,8 +131,8 @@ impl Backend for OpenAi {
         );
         let mut model = text("model").unwrap_or_else(|| context.model_id.to_string());
         let chosen = text("flavor").and_then(|f| Flavor::parse(&f));
-        let flavor = match chosen {
-            Some(flavor) if !model.is_empty() => flavor,
+        let (flavor, abilities) = match chosen {
+            Some(flavor) if !model.is_empty() => (flavor, Abilities::of(flavor)),
             _ => {
                 let url = format!("{}/models", client.base_url());
                 let models = client.get(&url)?;
@@ -143,28 +147,31 @@ impl Backend for OpenAi {
                         })?
                         .to_string();
                 }
-                chosen.unwrap_or(Flavor::from_models(&models).unwrap_or(Flavor::OpenAi))
+                let named = Flavor::from_models(&models).unwrap_or(Flavor::OpenAi);
+                match chosen {
+                    Some(flavor) => (flavor, Abilities::of(flavor)),
+                    None => (named, Abilities::probe(&client, &model, named)),
+                }
             }
         };
         let option = text("chat_template");
-        let published = (option.is_none() && flavor.scores())
+        let published = (option.is_none() && abilities.scoring != Scoring::None)
             .then(|| server_template(&client))
             .flatten();
         let format = PromptFormat::choose(option.as_deref(), published)?;
-        let has_template = !matches!(format, PromptFormat::None);
+        let templated = if matches!(format, PromptFormat::None) {
+            "no chat template (raw text only)"
+        } else {
+            "chat template found"
+        };
         context.logger.info(&format!(
-            "{} server at {}, model `{model}`, scoring {}",
-            flavor,
+            "{flavor} server at {}, model `{model}`: {abilities}; {templated}",
             client.base_url(),
-            if has_template && flavor.scores() {
-                "available"
-            } else {
-                "unavailable"
-            }
         ));
         Ok(OpenAi {
             client,
             flavor,
+            abilities,
             model,
             format,
             stats: Mutex::default(),
@@ -178,7 +185,7 @@ impl Backend for OpenAi {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             returns_logprobs: true,
-            scores_continuations: self.flavor.scores()
+            scores_continuations: self.abilities.scoring != Scoring::None
                 && !matches!(self.format, PromptFormat::None),
             audio_input: false,
             prefix_cache: true,
@@ -223,6 +230,7 @@ impl Backend for OpenAi {
         let scorer = score::Scorer {
             client: &self.client,
             flavor: self.flavor,
+            abilities: self.abilities,
             format: &self.format,
             model: &self.model,
         };
@@ -231,31 +239,57 @@ impl Backend for OpenAi {
         Ok(record)
     }
 
-    /// Sends the prompts' requests at once (the client's `concurrency` bounds how many are in
-    /// flight), so a batch from `lmhost explain` keeps the server's own batcher busy.
+    /// A pool of `concurrency` workers takes the prompts in the order given (`lmhost explain`
+    /// sends them sorted, so the server's own prefix cache hits) and keeps the server's batcher
+    /// busy; one thread per worker, not per prompt.
     fn score_batch(
         &self,
         snapshots: &[ConversationSnapshot],
         reply: &str,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
+        let next = AtomicUsize::new(0);
+        let workers = self.client.concurrency().min(snapshots.len());
+        let work = || {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(snapshot) = snapshots.get(i) else {
+                    return done;
+                };
+                let record = self.score(snapshot, reply);
+                if record.is_err() {
+                    next.store(snapshots.len(), Ordering::Relaxed); // the batch fails whole
+                }
+                done.push((i, record));
+            }
+        };
+        let mut results: Vec<Option<Result<ScoreRecord, PluginError>>> =
+            (0..snapshots.len()).map(|_| None).collect();
         std::thread::scope(|scope| {
-            let requests: Vec<_> = snapshots
-                .iter()
-                .map(|snapshot| scope.spawn(move || self.score(snapshot, reply)))
-                .collect();
-            requests
-                .into_iter()
-                .enumerate()
-                .map(|(i, request)| {
-                    let record = request.join().unwrap_or_else(|_| {
-                        Err(PluginError::internal("a scoring request's thread panicked"))
-                    });
-                    record.map_err(|e| {
-                        PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
-                    })
-                })
-                .collect()
-        })
+            let pool: Vec<_> = (0..workers).map(|_| scope.spawn(work)).collect();
+            for worker in pool {
+                let done = worker
+                    .join()
+                    .map_err(|_| PluginError::internal("a scoring worker thread panicked"))?;
+                for (i, record) in done {
+                    results[i] = Some(record);
+                }
+            }
+            Ok::<_, PluginError>(())
+        })?;
+        let first_error = results.iter().position(|r| matches!(r, Some(Err(_))));
+        if let Some(i) = first_error {
+            if let Some(Some(Err(e))) = results.get_mut(i).map(Option::take) {
+                return Err(PluginError::new(
+                    e.kind,
+                    format!("prompt {i} of the batch: {}", e.message),
+                ));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(PluginError::internal("a prompt was not scored"))))
+            .collect()
     }
 
     fn stats(&self) -> BackendStats {
@@ -271,7 +305,7 @@ impl Backend for OpenAi {
         let prompt = self.format.render(snapshot, &self.model)?;
         tokens::tokenize(
             &self.client,
-            self.flavor,
+            self.tokenizer("tokenize")?,
             &self.model,
             &prompt.text,
             add_special && prompt.add_special,
@@ -279,11 +313,28 @@ impl Backend for OpenAi {
     }
 
     fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
-        tokens::detokenize(&self.client, self.flavor, &self.model, ids)
+        tokens::detokenize(
+            &self.client,
+            self.tokenizer("detokenize")?,
+            &self.model,
+            ids,
+        )
     }
 }
 
 impl OpenAi {
+    /// The server's tokenizer endpoint; `what` names the call refused without one.
+    fn tokenizer(&self, what: &str) -> Result<abilities::Tokenizer, PluginError> {
+        self.abilities.tokenizer.ok_or_else(|| {
+            PluginError::unsupported(format!(
+                "the {} server at {} has no tokenizer endpoint, so it cannot {what}; vLLM, \
+                 SGLang, llama.cpp, llama-cpp-python and `lmhost serve` have one",
+                self.flavor,
+                self.client.base_url()
+            ))
+        })
+    }
+
     /// Counts the server's prefix-cache use as reported per request.
     fn account(&self, prompt: u32, cached: u32, generated: usize) {
         if let Ok(mut stats) = self.stats.lock() {

@@ -1,23 +1,30 @@
-//! `score`: teacher-forced logprobs of a reply, by the best route the server offers.
+//! `score`: teacher-forced logprobs of a reply, by the route the server offers, with the reply
+//! found by tokens, never by text offsets (servers count offsets in characters or bytes, of
+//! texts that may leave special tokens out, or of `token_id:N` strings).
 //!
-//! - vLLM and `lmhost serve`: `/v1/completions` with the rendered prompt + reply, `echo` and
-//!   `logprobs`; the reply's tokens are the echoed ones at or past the reply's text offset.
+//! - Echo (vLLM, llama-cpp-python, `lmhost serve`): the server's own tokenizer gives the
+//!   prompt's and prompt + reply's tokens (the first must be a prefix of the second); then
+//!   `/v1/completions` with `echo` and `logprobs` on prompt + reply, whose echoed tokens past the
+//!   prompt's are the reply's. Without a tokenizer endpoint, a prompt-only echo request counts
+//!   the prompt's tokens.
 //! - SGLang: native `/generate` with `return_logprob` and `logprob_start_len` = the prompt's
 //!   length in tokens (learned from a first, generation-free call on the prompt alone, which also
 //!   warms SGLang's prefix cache for the second), so only the reply's logprobs are computed.
-//! - OpenAI and llama.cpp return no prompt logprobs: `Unsupported`, naming the server.
+//! - OpenAI and llama.cpp's server return no prompt logprobs: `Unsupported`, naming the server.
 
 use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{ConversationSnapshot, PluginError, ScoreRecord};
+use lmhost_plugin_kit::prompt::PromptFormat;
 
+use crate::abilities::{Abilities, Scoring};
 use crate::chat::{short, token_id};
 use crate::client::Client;
 use crate::flavor::Flavor;
-use lmhost_plugin_kit::prompt::PromptFormat;
 
 pub struct Scorer<'a> {
     pub client: &'a Client,
     pub flavor: Flavor,
+    pub abilities: Abilities,
     pub format: &'a PromptFormat,
     pub model: &'a str,
 }
@@ -28,26 +35,92 @@ impl Scorer<'_> {
         snapshot: &ConversationSnapshot,
         reply: &str,
     ) -> Result<ScoreRecord, PluginError> {
-        if !self.flavor.scores() {
+        if self.abilities.scoring == Scoring::None {
             return Err(PluginError::unsupported(format!(
-                "the {} server at {} cannot return prompt logprobs, so it cannot score replies; \
-                 use vLLM, SGLang or `lmhost serve` (option `flavor`)",
+                "the {} server at {} returns no prompt logprobs, so it cannot score replies; \
+                 use vLLM, SGLang, llama-cpp-python or `lmhost serve`",
                 self.flavor,
                 self.client.base_url()
             )));
         }
         // Chat prompts are written here with the model's template; raw text needs none.
         let prompt = self.format.render(snapshot, self.model)?.text;
-        match self.flavor {
-            Flavor::Sglang => self.sglang(&prompt, reply),
-            _ => self.echo(&prompt, reply),
+        let record = match self.abilities.scoring {
+            Scoring::SglangGenerate => self.sglang(&prompt, reply)?,
+            _ => self.echo(&prompt, reply)?,
+        };
+        if record.token_ids.is_empty() && !reply.is_empty() {
+            return Err(PluginError::unavailable(format!(
+                "the server at {} gave the non-empty reply {reply:?} no tokens to score",
+                self.client.base_url()
+            )));
         }
+        Ok(record)
     }
 
+    /// The reply's ids and logprobs from an echo of prompt + reply.
     fn echo(&self, prompt: &str, reply: &str) -> Result<ScoreRecord, PluginError> {
+        let whole = format!("{prompt}{reply}");
+        let (prompt_len, ids) = match self.abilities.tokenizer {
+            Some(tokenizer) => {
+                let count = |text: &str| {
+                    crate::tokens::tokenize(self.client, tokenizer, self.model, text, true)
+                        .map(|r| r.token_ids.into_vec())
+                };
+                let (head, ids) = (count(prompt)?, count(&whole)?);
+                if !ids.starts_with(&head) {
+                    return Err(PluginError::invalid_input(format!(
+                        "the server at {} tokenizes the prompt's end and the reply's start into \
+                         one token (the prompt's tokens are not a prefix of prompt + reply's), so \
+                         the reply's tokens are not its own; end the prompt at a token boundary. \
+                         Reply: {reply:?}",
+                        self.client.root_url()
+                    )));
+                }
+                (head.len(), Some(ids))
+            }
+            None => (self.echoed(&self.echo_request(prompt)?)?.0, None),
+        };
+        let answer = self.echo_request(&whole)?;
+        let (echoed, logprobs, tokens) = self.echoed(&answer)?;
+        let url = format!("{}/completions", self.client.base_url());
+        if let Some(ids) = &ids {
+            if ids.len() != echoed {
+                return Err(PluginError::unavailable(format!(
+                    "{url} echoed {echoed} prompt tokens where its tokenizer counts {}: {}",
+                    ids.len(),
+                    short(&answer)
+                )));
+            }
+        }
+        let mut record = ScoreRecord {
+            token_ids: Default::default(),
+            logprobs: Default::default(),
+            prompt_tokens: prompt_len as u32,
+            cached_prompt_tokens: usage(&answer, "/usage/prompt_tokens_details/cached_tokens"),
+        };
+        for i in prompt_len..echoed {
+            let logprob = logprobs.get(i).and_then(Value::as_f64).ok_or_else(|| {
+                missing(
+                    &url,
+                    &format!("a number logprob for echoed token {i}"),
+                    &answer,
+                )
+            })?;
+            let id = match &ids {
+                Some(ids) => ids[i],
+                None => token_id(tokens.get(i)),
+            };
+            record.token_ids.push(id);
+            record.logprobs.push(logprob as f32);
+        }
+        Ok(record)
+    }
+
+    fn echo_request(&self, prompt: &str) -> Result<Value, PluginError> {
         let mut body = json!({
             "model": self.model,
-            "prompt": format!("{prompt}{reply}"),
+            "prompt": prompt,
             "max_tokens": 1,
             "temperature": 0.0,
             "echo": true,
@@ -56,8 +129,37 @@ impl Scorer<'_> {
         if self.flavor.returns_token_ids_on_request() {
             body["return_tokens_as_token_ids"] = json!(true);
         }
-        let answer = self.client.post("/completions", &body)?;
-        echo_record(&answer, prompt.len(), self.client.base_url())
+        self.client.post("/completions", &body)
+    }
+
+    /// How many prompt tokens an echo answer holds (its tokens less the generated ones), with
+    /// its logprob and token arrays.
+    fn echoed<'v>(
+        &self,
+        answer: &'v Value,
+    ) -> Result<(usize, &'v [Value], &'v [Value]), PluginError> {
+        let url = format!("{}/completions", self.client.base_url());
+        let array = |key: &str| {
+            answer
+                .pointer(&format!("/choices/0/logprobs/{key}"))
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .ok_or_else(|| missing(&url, &format!("`choices[0].logprobs.{key}`"), answer))
+        };
+        let (logprobs, tokens) = (array("token_logprobs")?, array("tokens")?);
+        if logprobs.len() != tokens.len() {
+            return Err(missing(
+                &url,
+                "as many `token_logprobs` as `tokens`",
+                answer,
+            ));
+        }
+        let generated = usage(answer, "/usage/completion_tokens") as usize;
+        let echoed = tokens
+            .len()
+            .checked_sub(generated)
+            .ok_or_else(|| missing(&url, "at least `usage.completion_tokens` tokens", answer))?;
+        Ok((echoed, logprobs, tokens))
     }
 
     fn sglang(&self, prompt: &str, reply: &str) -> Result<ScoreRecord, PluginError> {
@@ -79,51 +181,8 @@ impl Scorer<'_> {
     }
 }
 
-/// Reads a `/v1/completions` echo answer: the reply is what starts at or after `prompt_len`
-/// among the echoed tokens (the last `completion_tokens` entries were generated, not echoed).
-pub fn echo_record(
-    answer: &Value,
-    prompt_len: usize,
-    url: &str,
-) -> Result<ScoreRecord, PluginError> {
-    let logprobs = answer
-        .pointer("/choices/0/logprobs")
-        .ok_or_else(|| missing(url, "`choices[0].logprobs`", answer))?;
-    let array = |key: &str| {
-        logprobs
-            .get(key)
-            .and_then(Value::as_array)
-            .ok_or_else(|| missing(url, &format!("`logprobs.{key}`"), answer))
-    };
-    let (tokens, values, offsets) = (
-        array("tokens")?,
-        array("token_logprobs")?,
-        array("text_offset")?,
-    );
-    let usage = |key: &str| answer.pointer(key).and_then(Value::as_u64).unwrap_or(0) as usize;
-    let generated = usage("/usage/completion_tokens");
-    let echoed = tokens.len().saturating_sub(generated);
-    let mut record = ScoreRecord {
-        token_ids: Default::default(),
-        logprobs: Default::default(),
-        prompt_tokens: 0,
-        cached_prompt_tokens: usage("/usage/prompt_tokens_details/cached_tokens") as u32,
-    };
-    for i in 0..echoed {
-        let offset = offsets.get(i).and_then(Value::as_u64);
-        let offset = offset.ok_or_else(|| missing(url, "a `text_offset` per token", answer))?;
-        if (offset as usize) < prompt_len {
-            continue;
-        }
-        let logprob = values.get(i).and_then(Value::as_f64);
-        let logprob =
-            logprob.ok_or_else(|| missing(url, "a logprob for each reply token", answer))?;
-        record.token_ids.push(token_id(tokens.get(i)));
-        record.logprobs.push(logprob as f32);
-    }
-    record.prompt_tokens =
-        (usage("/usage/prompt_tokens") as u32).saturating_sub(record.token_ids.len() as u32);
-    Ok(record)
+fn usage(answer: &Value, pointer: &str) -> u32 {
+    answer.pointer(pointer).and_then(Value::as_u64).unwrap_or(0) as u32
 }
 
 /// Reads SGLang's `meta_info.input_token_logprobs`: `[logprob, token_id, text]` per token
@@ -165,24 +224,6 @@ fn missing(url: &str, what: &str, answer: &Value) -> PluginError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn echo_keeps_reply_tokens_and_drops_the_generated_one() {
-        // vLLM's shape: prompt tokens, reply tokens, then the one token max_tokens=1 generated.
-        let answer = json!({
-            "choices": [{"logprobs": {
-                "tokens": ["token_id:1", "token_id:2", "token_id:3", "token_id:4", "token_id:5"],
-                "token_logprobs": [null, -0.1, -0.2, -0.3, -0.4],
-                "text_offset": [0, 3, 6, 8, 10]
-            }}],
-            "usage": {"prompt_tokens": 4, "completion_tokens": 1,
-                      "prompt_tokens_details": {"cached_tokens": 2}}
-        });
-        let record = echo_record(&answer, 6, "u").unwrap();
-        assert_eq!(record.token_ids.as_slice(), &[3, 4]);
-        assert_eq!(record.logprobs.as_slice(), &[-0.2, -0.3]);
-        assert_eq!((record.prompt_tokens, record.cached_prompt_tokens), (2, 2));
-    }
 
     #[test]
     fn sglang_entries_become_the_record() {

@@ -1,65 +1,60 @@
-//! The server's own tokenizer: `/tokenize` and `/detokenize` at the server root, in the shape
-//! each server takes (llama.cpp's `content` / `add_special` / `with_pieces`; vLLM's, SGLang's
-//! and `lmhost serve`'s `prompt` / `add_special_tokens` / `return_token_strs`).
+//! The server's own tokenizer: `/tokenize` and `/detokenize` in the shape each server takes
+//! (see [`Tokenizer`]).
 
 use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{PluginError, TokenizeRecord};
 
+use crate::abilities::Tokenizer;
 use crate::chat::short;
 use crate::client::Client;
-use crate::flavor::Flavor;
 
+/// `text`'s ids as the server tokenizes a completions prompt (`add_special`: with its BOS).
 pub fn tokenize(
     client: &Client,
-    flavor: Flavor,
+    tokenizer: Tokenizer,
     model: &str,
     text: &str,
     add_special: bool,
 ) -> Result<TokenizeRecord, PluginError> {
-    refuse_openai(client, flavor, "tokenize")?;
-    let body = match flavor {
-        Flavor::LlamaCpp => {
-            json!({"content": text, "add_special": add_special, "with_pieces": true})
-        }
-        _ => json!({"model": model, "prompt": text, "add_special_tokens": add_special,
-                    "return_token_strs": true}),
+    let (path, body) = match tokenizer {
+        Tokenizer::Vllm => (
+            "/tokenize",
+            json!({"model": model, "prompt": text, "add_special_tokens": add_special,
+                   "return_token_strs": true}),
+        ),
+        Tokenizer::LlamaCpp => (
+            "/tokenize",
+            json!({"content": text, "add_special": add_special, "with_pieces": true}),
+        ),
+        // It always tokenizes as its completions do (with BOS where the model adds one).
+        Tokenizer::LlamaCppPython => ("/extras/tokenize", json!({"model": model, "input": text})),
     };
-    let answer = client.post_root("/tokenize", &body)?;
-    let url = format!("{}/tokenize", client.root_url());
-    read_tokens(&answer, &url)
+    let answer = client.post_root(path, &body)?;
+    read_tokens(&answer, &format!("{}{path}", client.root_url()))
 }
 
 pub fn detokenize(
     client: &Client,
-    flavor: Flavor,
+    tokenizer: Tokenizer,
     model: &str,
     ids: &[u32],
 ) -> Result<String, PluginError> {
-    refuse_openai(client, flavor, "detokenize")?;
-    let answer = client.post_root("/detokenize", &json!({"model": model, "tokens": ids}))?;
-    ["prompt", "content"]
+    let path = match tokenizer {
+        Tokenizer::LlamaCppPython => "/extras/detokenize",
+        Tokenizer::Vllm | Tokenizer::LlamaCpp => "/detokenize",
+    };
+    let answer = client.post_root(path, &json!({"model": model, "tokens": ids}))?;
+    ["prompt", "content", "text"]
         .iter()
         .find_map(|key| answer.get(key).and_then(Value::as_str))
         .map(str::to_string)
         .ok_or_else(|| {
             PluginError::unavailable(format!(
-                "{}/detokenize answered without `prompt` or `content`: {}",
+                "{}{path} answered without `prompt` or `content`: {}",
                 client.root_url(),
                 short(&answer)
             ))
         })
-}
-
-/// OpenAI's own API has no tokenizer endpoints.
-fn refuse_openai(client: &Client, flavor: Flavor, what: &str) -> Result<(), PluginError> {
-    if flavor == Flavor::OpenAi {
-        return Err(PluginError::unsupported(format!(
-            "the openai server at {} has no /{what} endpoint; vLLM, SGLang, llama.cpp and \
-             `lmhost serve` have one (option `flavor`)",
-            client.base_url()
-        )));
-    }
-    Ok(())
 }
 
 /// `tokens` as ids (with `token_strs` beside them) or as `{id, piece}` objects.
