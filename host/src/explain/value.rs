@@ -191,7 +191,7 @@ impl ValueFunction for AnswerLogprob {
         prompt: &ConversationSnapshot,
     ) -> Result<Evaluation, ExplainError> {
         let record = model.score(prompt, &self.reply).map_err(model_error)?;
-        Ok(self.of(&record))
+        self.of(&record)
     }
 
     fn evaluate_batch(
@@ -202,17 +202,24 @@ impl ValueFunction for AnswerLogprob {
         let records = model
             .score_batch(prompts, &self.reply)
             .map_err(model_error)?;
-        Ok(records.iter().map(|r| self.of(r)).collect())
+        records.iter().map(|r| self.of(r)).collect()
     }
 }
 
 impl AnswerLogprob {
-    fn of(&self, record: &ScoreRecord) -> Evaluation {
-        Evaluation {
+    /// The record's value; a non-empty reply scored with no tokens is an error, never a 0.
+    fn of(&self, record: &ScoreRecord) -> Result<Evaluation, ExplainError> {
+        if record.logprobs.is_empty() && !self.reply.is_empty() {
+            return Err(model_error(format!(
+                "the backend scored the reply {:?} with no tokens; an empty score is not a value",
+                self.reply
+            )));
+        }
+        Ok(Evaluation {
             value: sum_or_mean(&record.logprobs, self.mean),
             prompt_tokens: record.prompt_tokens.into(),
             cached_prompt_tokens: record.cached_prompt_tokens.into(),
-        }
+        })
     }
 }
 
@@ -453,6 +460,22 @@ mod tests {
             (eval(ValueKind::TfidfCosine, false, "Red apples are red").value - 1.0).abs() < 1e-12
         );
         assert_eq!(eval(ValueKind::TfidfCosine, false, "bananas").value, 0.0);
+    }
+
+    #[test]
+    fn a_reply_scored_with_no_tokens_is_an_error_not_zero() {
+        let value = AnswerLogprob {
+            reply: "Paris".into(),
+            mean: false,
+        };
+        let empty = ScoreRecord {
+            token_ids: RVec::new(),
+            logprobs: RVec::new(),
+            prompt_tokens: 4,
+            cached_prompt_tokens: 0,
+        };
+        let err = value.of(&empty).unwrap_err().to_string();
+        assert!(err.contains("no tokens"), "{err}");
     }
 
     #[test]
