@@ -436,14 +436,14 @@ fn a_merged_boundary_a_miscount_or_no_reply_tokens_is_an_error_naming_the_server
             ],
             "prefix",
         ),
-        // The echo holds fewer prompt tokens than the tokenizer counts.
+        // The echo's tokens are not the ones the tokenizer counts.
         (
             vec![
                 (200, vllm_tokens(&[1, 2, 3])),
-                (200, vllm_tokens(&[1, 2, 3, 30, 31])),
+                (200, vllm_tokens(&[1, 2, 3, 31])),
                 (200, echo.clone()),
             ],
-            "echoed 4 prompt tokens where its tokenizer counts 5",
+            "echoed token 30 where its tokenizer has 31",
         ),
         // The reply has no tokens of its own.
         (

@@ -29,6 +29,11 @@ pub fn request(
     body.insert("temperature".into(), json!(config.temperature));
     body.insert("top_p".into(), json!(config.top_p));
     body.insert("logprobs".into(), json!(true));
+    // llama-cpp-python returns logprobs only when top_logprobs asks for some; `lmhost serve`
+    // returns the chosen token's alone and refuses top_logprobs.
+    if flavor != Flavor::Lmhost {
+        body.insert("top_logprobs".into(), json!(1));
+    }
     if config.temperature > 0.0 {
         body.insert("seed".into(), json!(config.seed));
     }

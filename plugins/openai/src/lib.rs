@@ -214,6 +214,7 @@ impl Backend for OpenAi {
             let url = format!("{}/chat/completions", self.client.base_url());
             chat::record(&answer, &url)?
         };
+        let record = self.with_token_ids(record);
         self.account(
             record.prompt_tokens,
             record.cached_prompt_tokens,
@@ -323,6 +324,25 @@ impl Backend for OpenAi {
 }
 
 impl OpenAi {
+    /// A server that names generated tokens by their text only (llama-cpp-python, OpenAI)
+    /// leaves their ids unknown; its tokenizer gives them when it counts the same tokens.
+    fn with_token_ids(&self, mut record: GenerationRecord) -> GenerationRecord {
+        if !record.token_ids.contains(&chat::UNKNOWN_TOKEN) {
+            return record;
+        }
+        let Some(tokenizer) = self.abilities.tokenizer else {
+            return record;
+        };
+        let ids = tokens::tokenize(&self.client, tokenizer, &self.model, &record.text, false);
+        match ids {
+            Ok(ids) if ids.token_ids.len() == record.token_ids.len() => {
+                record.token_ids = ids.token_ids;
+            }
+            _ => {}
+        }
+        record
+    }
+
     /// The server's tokenizer endpoint; `what` names the call refused without one.
     fn tokenizer(&self, what: &str) -> Result<abilities::Tokenizer, PluginError> {
         self.abilities.tokenizer.ok_or_else(|| {

@@ -17,7 +17,7 @@ use lmhost_plugin_api::{ConversationSnapshot, PluginError, ScoreRecord};
 use lmhost_plugin_kit::prompt::PromptFormat;
 
 use crate::abilities::{Abilities, Scoring};
-use crate::chat::{short, token_id};
+use crate::chat::{short, token_id, UNKNOWN_TOKEN};
 use crate::client::Client;
 use crate::flavor::Flavor;
 
@@ -61,13 +61,14 @@ impl Scorer<'_> {
     /// The reply's ids and logprobs from an echo of prompt + reply.
     fn echo(&self, prompt: &str, reply: &str) -> Result<ScoreRecord, PluginError> {
         let whole = format!("{prompt}{reply}");
-        let (prompt_len, ids) = match self.abilities.tokenizer {
+        // The reply's length in tokens, and its ids where the server's tokenizer gives them.
+        let (prompt_len, reply_ids) = match self.abilities.tokenizer {
             Some(tokenizer) => {
                 let count = |text: &str| {
                     crate::tokens::tokenize(self.client, tokenizer, self.model, text, true)
                         .map(|r| r.token_ids.into_vec())
                 };
-                let (head, ids) = (count(prompt)?, count(&whole)?);
+                let (head, mut ids) = (count(prompt)?, count(&whole)?);
                 if !ids.starts_with(&head) {
                     return Err(PluginError::invalid_input(format!(
                         "the server at {} tokenizes the prompt's end and the reply's start into \
@@ -77,29 +78,33 @@ impl Scorer<'_> {
                         self.client.root_url()
                     )));
                 }
-                (head.len(), Some(ids))
+                (head.len(), Some(ids.split_off(head.len())))
             }
             None => (self.echoed(&self.echo_request(prompt)?)?.0, None),
         };
         let answer = self.echo_request(&whole)?;
         let (echoed, logprobs, tokens) = self.echoed(&answer)?;
         let url = format!("{}/completions", self.client.base_url());
-        if let Some(ids) = &ids {
-            if ids.len() != echoed {
-                return Err(PluginError::unavailable(format!(
-                    "{url} echoed {echoed} prompt tokens where its tokenizer counts {}: {}",
-                    ids.len(),
-                    short(&answer)
-                )));
-            }
-        }
+        // The reply is the last of the echoed prompt tokens: counting from the end holds where
+        // a server leaves tokens out of its echo (llama-cpp-python skips every BOS id).
+        let reply_len = match &reply_ids {
+            Some(ids) => ids.len(),
+            None => echoed.saturating_sub(prompt_len),
+        };
+        let first = echoed.checked_sub(reply_len).ok_or_else(|| {
+            missing(
+                &url,
+                &format!("at least the reply's {reply_len} echoed tokens"),
+                &answer,
+            )
+        })?;
         let mut record = ScoreRecord {
             token_ids: Default::default(),
             logprobs: Default::default(),
             prompt_tokens: prompt_len as u32,
             cached_prompt_tokens: usage(&answer, "/usage/prompt_tokens_details/cached_tokens"),
         };
-        for i in prompt_len..echoed {
+        for (n, i) in (first..echoed).enumerate() {
             let logprob = logprobs.get(i).and_then(Value::as_f64).ok_or_else(|| {
                 missing(
                     &url,
@@ -107,9 +112,18 @@ impl Scorer<'_> {
                     &answer,
                 )
             })?;
-            let id = match &ids {
-                Some(ids) => ids[i],
-                None => token_id(tokens.get(i)),
+            let named = token_id(tokens.get(i));
+            let id = match &reply_ids {
+                Some(ids) if named != UNKNOWN_TOKEN && named != ids[n] => {
+                    return Err(PluginError::unavailable(format!(
+                        "{url} echoed token {named} where its tokenizer has {} for the reply's \
+                         token {n}: {}",
+                        ids[n],
+                        short(&answer)
+                    )))
+                }
+                Some(ids) => ids[n],
+                None => named,
             };
             record.token_ids.push(id);
             record.logprobs.push(logprob as f32);
