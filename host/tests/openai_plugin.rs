@@ -392,7 +392,7 @@ fn vllm_scores_by_tokens_counted_with_its_own_tokenizer() {
     ));
     assert!(backend.capabilities().scores_continuations);
     let record = backend
-        .score(&ConversationSnapshot::from_prompt("hi"), "yes no")
+        .score(&ConversationSnapshot::from_prompt("hi"), "schön, 世界")
         .unwrap();
     assert_eq!(record.token_ids.as_slice(), &[30, 31]);
     assert_eq!(record.logprobs.as_slice(), &[-0.25, -0.5]);
@@ -402,7 +402,7 @@ fn vllm_scores_by_tokens_counted_with_its_own_tokenizer() {
     assert_eq!(body_json(&requests[0])["prompt"], "<user>hi<assistant>");
     assert_eq!(
         body_json(&requests[1])["prompt"],
-        "<user>hi<assistant>yes no"
+        "<user>hi<assistant>schön, 世界"
     );
     assert!(
         requests[2].starts_with("POST /v1/completions"),
@@ -410,7 +410,7 @@ fn vllm_scores_by_tokens_counted_with_its_own_tokenizer() {
         requests[2]
     );
     let body = body_json(&requests[2]);
-    assert_eq!(body["prompt"], "<user>hi<assistant>yes no");
+    assert_eq!(body["prompt"], "<user>hi<assistant>schön, 世界");
     assert_eq!(body["echo"], true);
     assert_eq!(body["return_tokens_as_token_ids"], true);
 }
@@ -445,6 +445,22 @@ fn a_merged_boundary_a_miscount_or_no_reply_tokens_is_an_error_naming_the_server
             ],
             "echoed token 30 where its tokenizer has 31",
         ),
+        // The echo's logprob array is shorter than its token array.
+        (
+            vec![
+                (200, vllm_tokens(&[1, 2, 3])),
+                (200, vllm_tokens(&[1, 2, 3, 30])),
+                (
+                    200,
+                    serde_json::json!({"choices": [{"text": "", "logprobs": {
+                        "tokens": ["token_id:1", "token_id:2", "token_id:3", "token_id:30"],
+                        "token_logprobs": [null, -0.1], "text_offset": [0, 10, 20, 30]}}],
+                        "usage": {"prompt_tokens": 4, "completion_tokens": 0}})
+                    .to_string(),
+                ),
+            ],
+            "as many `token_logprobs` as `tokens`",
+        ),
         // The reply has no tokens of its own.
         (
             vec![
@@ -467,6 +483,10 @@ fn a_merged_boundary_a_miscount_or_no_reply_tokens_is_an_error_naming_the_server
     }
 }
 
+/// SGLang's answers as `TokenizerManager` writes them (python/sglang/srt/managers/
+/// tokenizer_manager.py, `convert_logprob_style`): `meta_info.input_token_logprobs` holds
+/// `[logprob, token_id, null]` (no text unless `return_text_in_logprobs`) from
+/// `logprob_start_len` on.
 #[test]
 fn sglang_scores_through_native_generate_from_the_prompt_length() {
     let script = ScriptServer::start(vec![
