@@ -116,18 +116,31 @@ fn check(name: &str) -> (String, Vec<String>) {
     let tokenizer = load(name);
     let cases = cases(name);
     let mut failures = Vec::new();
+    let (mut passed, mut round_trips) = (0, 0);
     for (input, expected) in &cases {
         let got = tokenizer
             .encode(input, false, false)
             .unwrap_or_else(|e| panic!("{name}: {input:?}: {e}"));
+        passed += usize::from(&got == expected);
         if &got != expected {
             failures.push(format!(
                 "{name}: {input:?}\n  expected {expected:?}\n  got      {got:?}"
             ));
         }
+        // Detokenizing gives the input back wherever the vocabulary can represent it: every
+        // vocabulary here but WordPiece, which lowercases and drops whitespace.
+        let text = tokenizer.decode(expected, false).unwrap_or_default();
+        round_trips += usize::from(&text == input);
+        if &text != input && tokenizer.kind() != "bert" {
+            failures.push(format!("{name}: {input:?} decodes to {text:?}"));
+        }
     }
-    let passed = cases.len() - failures.len();
-    let line = format!("{name} ({}): {passed}/{}", tokenizer.kind(), cases.len());
+    let line = format!(
+        "{name} ({}): {passed}/{} ids, {round_trips}/{} decode back to the input",
+        tokenizer.kind(),
+        cases.len(),
+        cases.len()
+    );
     (line, failures)
 }
 
