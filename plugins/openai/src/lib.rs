@@ -28,7 +28,7 @@ use std::time::Duration;
 use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    GenerationRecord, Logger, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord,
     TokenizeRecord,
 };
 use lmhost_plugin_kit::prompt::PromptFormat;
@@ -155,8 +155,9 @@ impl Backend for OpenAi {
             }
         };
         let option = text("chat_template");
+        // Only a server that can score needs the template: it renders chat for generation.
         let published = (option.is_none() && abilities.scoring != Scoring::None)
-            .then(|| server_template(&client))
+            .then(|| server_template(&client, &context.logger))
             .flatten();
         let format = PromptFormat::choose(option.as_deref(), published)?;
         let templated = if matches!(format, PromptFormat::None) {
@@ -380,11 +381,15 @@ fn api_key(options: &Map<String, Value>) -> Result<Option<String>, PluginError> 
     }
 }
 
-/// The chat template a server publishes at `/props` (llama.cpp, `lmhost serve`), if any.
-fn server_template(client: &Client) -> Option<ChatTemplate> {
+/// The chat template a server publishes at `/props` (llama.cpp's server), if any; one that
+/// does not compile is logged, not silently dropped.
+fn server_template(client: &Client, logger: &Logger) -> Option<ChatTemplate> {
     let url = format!("{}/props", client.root_url());
     let props = client.get(&url).ok()?;
-    ChatTemplate::from_json(&props, url).ok()
+    props.get("chat_template")?;
+    ChatTemplate::from_json(&props, url)
+        .map_err(|e| logger.warn(&format!("{e}; set the `chat_template` option instead")))
+        .ok()
 }
 
 export_plugin!(OpenAi);
