@@ -413,6 +413,9 @@ fn vllm_scores_by_tokens_counted_with_its_own_tokenizer() {
     assert_eq!(body["prompt"], "<user>hi<assistant>schön, 世界");
     assert_eq!(body["echo"], true);
     assert_eq!(body["return_tokens_as_token_ids"], true);
+    // The template writes its own BOS: vLLM adds none, in tokenizing and in the echo alike.
+    assert_eq!(body["add_special_tokens"], false);
+    assert_eq!(body_json(&requests[0])["add_special_tokens"], false);
 }
 
 #[test]

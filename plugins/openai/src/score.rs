@@ -14,7 +14,7 @@
 
 use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{ConversationSnapshot, PluginError, ScoreRecord};
-use lmhost_plugin_kit::prompt::PromptFormat;
+use lmhost_plugin_kit::prompt::{Prompt, PromptFormat};
 
 use crate::abilities::{Abilities, Scoring};
 use crate::chat::{short, token_id, UNKNOWN_TOKEN};
@@ -44,9 +44,9 @@ impl Scorer<'_> {
             )));
         }
         // Chat prompts are written here with the model's template; raw text needs none.
-        let prompt = self.format.render(snapshot, self.model)?.text;
+        let prompt = self.format.render(snapshot, self.model)?;
         let record = match self.abilities.scoring {
-            Scoring::SglangGenerate => self.sglang(&prompt, reply)?,
+            Scoring::SglangGenerate => self.sglang(&prompt.text, reply)?,
             _ => self.echo(&prompt, reply)?,
         };
         if record.token_ids.is_empty() && !reply.is_empty() {
@@ -59,13 +59,14 @@ impl Scorer<'_> {
     }
 
     /// The reply's ids and logprobs from an echo of prompt + reply.
-    fn echo(&self, prompt: &str, reply: &str) -> Result<ScoreRecord, PluginError> {
+    fn echo(&self, rendered: &Prompt, reply: &str) -> Result<ScoreRecord, PluginError> {
+        let (prompt, special) = (rendered.text.as_str(), self.add_special(rendered));
         let whole = format!("{prompt}{reply}");
         // The reply's length in tokens, and its ids where the server's tokenizer gives them.
         let (prompt_len, reply_ids) = match self.abilities.tokenizer {
             Some(tokenizer) => {
                 let count = |text: &str| {
-                    crate::tokens::tokenize(self.client, tokenizer, self.model, text, true)
+                    crate::tokens::tokenize(self.client, tokenizer, self.model, text, special)
                         .map(|r| r.token_ids.into_vec())
                 };
                 let (head, mut ids) = (count(prompt)?, count(&whole)?);
@@ -80,9 +81,9 @@ impl Scorer<'_> {
                 }
                 (head.len(), Some(ids.split_off(head.len())))
             }
-            None => (self.echoed(&self.echo_request(prompt)?)?.0, None),
+            None => (self.echoed(&self.echo_request(prompt, special)?)?.0, None),
         };
-        let answer = self.echo_request(&whole)?;
+        let answer = self.echo_request(&whole, special)?;
         let (echoed, logprobs, tokens) = self.echoed(&answer)?;
         let url = format!("{}/completions", self.client.base_url());
         // The reply is the last of the echoed prompt tokens: counting from the end holds where
@@ -131,7 +132,13 @@ impl Scorer<'_> {
         Ok(record)
     }
 
-    fn echo_request(&self, prompt: &str) -> Result<Value, PluginError> {
+    /// Whether the server adds its BOS to the prompt: a chat template writes its own, and vLLM
+    /// can be told not to add a second (others always add what the model asks for).
+    fn add_special(&self, prompt: &Prompt) -> bool {
+        prompt.add_special || self.flavor != Flavor::Vllm
+    }
+
+    fn echo_request(&self, prompt: &str, add_special: bool) -> Result<Value, PluginError> {
         let mut body = json!({
             "model": self.model,
             "prompt": prompt,
@@ -140,8 +147,9 @@ impl Scorer<'_> {
             "echo": true,
             "logprobs": 1,
         });
-        if self.flavor.returns_token_ids_on_request() {
+        if self.flavor == Flavor::Vllm {
             body["return_tokens_as_token_ids"] = json!(true);
+            body["add_special_tokens"] = json!(add_special);
         }
         self.client.post("/completions", &body)
     }
