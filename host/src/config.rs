@@ -86,7 +86,7 @@ pub struct ExplanationConfig {
     pub value: ValueKind,
     /// Logprob values per token instead of summed.
     pub value_mean: bool,
-    /// `"exact"`, `"permutation"`, `"antithetic"` or `"msr"`.
+    /// `"exact"`, `"permutation"`, `"antithetic"`, `"msr"`, `"loo"` or `"kernel"`.
     pub estimator: EstimatorKind,
     /// `"shapley"` or `"banzhaf"`.
     pub estimand: Estimand,
@@ -315,8 +315,8 @@ mod tests {
         assert_eq!(e.players, Granularity::Words);
         assert_eq!(e.roles, [Role::User]);
         assert_eq!(e.estimator_settings().budget, 50);
-        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nestimator = \"kernel\"\n")
-            .unwrap_err();
+        let err =
+            parse("[backend]\nkind = \"mock\"\n[explanation]\nestimator = \"lime\"\n").unwrap_err();
         assert!(err.to_string().starts_with("test.toml:4:"), "{err}");
         assert!(err.to_string().contains("exact, permutation"), "{err}");
         let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbudget = 1\n").unwrap_err();

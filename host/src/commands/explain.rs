@@ -58,7 +58,7 @@ pub struct Args {
     #[arg(long)]
     value_mean: bool,
 
-    /// exact, permutation, antithetic or msr.
+    /// exact, permutation, antithetic, msr, loo or kernel.
     #[arg(long, value_name = "ESTIMATOR")]
     estimator: Option<EstimatorKind>,
 

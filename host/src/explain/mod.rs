@@ -89,15 +89,16 @@ impl Job {
         let v_all = per_coalition[self.plan.full_index()];
         let v_none = per_coalition[self.plan.empty_index()];
         let settings = self.plan.settings();
-        let efficiency = (settings.kind == Kind::Exact && settings.estimand == Estimand::Shapley)
-            .then(|| {
-                let sum: f64 = estimates.values.iter().sum();
-                Efficiency {
-                    sum,
-                    expected: v_all - v_none,
-                    gap: sum - (v_all - v_none),
-                }
-            });
+        // Exact Shapley and KernelSHAP are efficient by construction: the report shows it.
+        let efficient = matches!(settings.kind, Kind::Exact | Kind::Kernel);
+        let efficiency = (efficient && settings.estimand == Estimand::Shapley).then(|| {
+            let sum: f64 = estimates.values.iter().sum();
+            Efficiency {
+                sum,
+                expected: v_all - v_none,
+                gap: sum - (v_all - v_none),
+            }
+        });
         let ranks = ranks(&estimates.values);
         let attributions = self
             .players

@@ -89,6 +89,11 @@ named_enum! {
         Antithetic = "antithetic",
         /// Uniform random coalitions with maximum sample reuse, for Banzhaf (Wang & Jia 2023).
         Msr = "msr",
+        /// Leave-one-out: v(N) - v(N without i), n + 1 values; a baseline, not Shapley.
+        Loo = "loo",
+        /// KernelSHAP: weighted least squares over paired coalitions (Lundberg & Lee 2017;
+        /// Covert & Lee 2021).
+        Kernel = "kernel",
     } default Exact
 }
 
@@ -130,7 +135,10 @@ mod tests {
         for name in EstimatorKind::NAMES {
             assert_eq!(name.parse::<EstimatorKind>().unwrap().as_str(), *name);
         }
-        let err = "kernel".parse::<EstimatorKind>().unwrap_err();
-        assert!(err.contains("exact, permutation, antithetic, msr"), "{err}");
+        let err = "lime".parse::<EstimatorKind>().unwrap_err();
+        assert!(
+            err.contains("exact, permutation, antithetic, msr, loo, kernel"),
+            "{err}"
+        );
     }
 }

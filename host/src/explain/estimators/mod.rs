@@ -3,6 +3,8 @@
 //! deduplicate, order and persist the evaluations.
 
 mod exact;
+mod kernel;
+mod loo;
 mod msr;
 mod permutation;
 #[cfg(test)]
@@ -69,6 +71,10 @@ enum PlanKind {
     },
     /// Indices of the sampled coalitions, with repeats.
     Samples(Vec<usize>),
+    /// Per player, the index of the full coalition without it.
+    LeaveOneOut(Vec<usize>),
+    /// Sampled coalition pairs and the least squares that combines them.
+    Kernel(kernel::Kernel),
 }
 
 /// Builds a plan's coalition list, each coalition once.
@@ -110,19 +116,36 @@ impl Plan {
                 let (coalitions, samples) = msr::plan(n, settings.budget, &mut rng);
                 (coalitions, PlanKind::Samples(samples))
             }
+            (EstimatorKind::Loo, Estimand::Shapley) => {
+                let (coalitions, without) = loo::plan(n);
+                (coalitions, PlanKind::LeaveOneOut(without))
+            }
+            (EstimatorKind::Kernel, Estimand::Shapley) => {
+                let (coalitions, kernel) = kernel::plan(n, settings.budget, &mut rng)?;
+                (coalitions, PlanKind::Kernel(kernel))
+            }
             (
-                kind @ (EstimatorKind::Permutation | EstimatorKind::Antithetic),
+                kind @ (EstimatorKind::Permutation
+                | EstimatorKind::Antithetic
+                | EstimatorKind::Loo
+                | EstimatorKind::Kernel),
                 Estimand::Banzhaf,
             ) => {
                 return Err(ExplainError::Estimator(format!(
-                    "`{kind}` estimates Shapley values; for `estimand = \"banzhaf\"` use \
-                     `estimator = \"msr\"` (sampling) or `\"exact\"`"
+                    "`{kind}` {}; for `estimand = \"banzhaf\"` use \
+                     `estimator = \"msr\"` (sampling) or `\"exact\"`",
+                    if kind == EstimatorKind::Loo {
+                        "is a baseline offered under the Shapley estimand only"
+                    } else {
+                        "estimates Shapley values"
+                    }
                 )))
             }
             (EstimatorKind::Msr, Estimand::Shapley) => {
                 return Err(ExplainError::Estimator(
                     "`msr` estimates Banzhaf values; for `estimand = \"shapley\"` use \
-                     `estimator = \"antithetic\"` or `\"permutation\"` (sampling) or `\"exact\"`"
+                     `estimator = \"antithetic\"`, `\"permutation\"` or `\"kernel\"` \
+                     (sampling) or `\"exact\"`"
                         .into(),
                 ))
             }
@@ -174,6 +197,8 @@ impl Plan {
                 permutation::estimate(self.n, walks, *antithetic, values)
             }
             PlanKind::Samples(samples) => msr::estimate(&self.coalitions, samples, values),
+            PlanKind::LeaveOneOut(without) => loo::estimate(self.full_index(), without, values),
+            PlanKind::Kernel(kernel) => kernel.estimate(&self.coalitions, values),
         }
     }
 }

@@ -62,6 +62,8 @@ fn additive_game_gives_the_weights_for_every_estimator() {
         exact(Estimand::Banzhaf),
         sampling(EstimatorKind::Permutation, Estimand::Shapley, 100),
         sampling(EstimatorKind::Antithetic, Estimand::Shapley, 100),
+        sampling(EstimatorKind::Loo, Estimand::Shapley, 100),
+        sampling(EstimatorKind::Kernel, Estimand::Shapley, 100),
     ];
     for settings in all {
         let est = run(5, &settings, game);
@@ -111,6 +113,7 @@ fn sampling_estimators_land_within_three_standard_errors_of_exact() {
         (EstimatorKind::Permutation, Estimand::Shapley),
         (EstimatorKind::Antithetic, Estimand::Shapley),
         (EstimatorKind::Msr, Estimand::Banzhaf),
+        (EstimatorKind::Kernel, Estimand::Shapley),
     ];
     for (kind, estimand) in cases {
         let truth = run(10, &exact(estimand), rich_game);
@@ -139,12 +142,119 @@ fn antithetic_beats_plain_permutations_at_equal_budget() {
 
 #[test]
 fn plans_are_reproducible_from_the_seed() {
-    let settings = sampling(EstimatorKind::Permutation, Estimand::Shapley, 200);
-    let a = Plan::new(6, &settings).unwrap();
-    let b = Plan::new(6, &settings).unwrap();
-    assert_eq!(a.coalitions(), b.coalitions());
-    assert_eq!(a.coalitions()[a.empty_index()], Coalition::empty(6));
-    assert_eq!(a.coalitions()[a.full_index()], Coalition::full(6));
+    for kind in [
+        EstimatorKind::Permutation,
+        EstimatorKind::Loo,
+        EstimatorKind::Kernel,
+    ] {
+        let settings = sampling(kind, Estimand::Shapley, 200);
+        let a = Plan::new(6, &settings).unwrap();
+        let b = Plan::new(6, &settings).unwrap();
+        assert_eq!(a.coalitions(), b.coalitions(), "{kind}");
+        assert_eq!(a.coalitions()[a.empty_index()], Coalition::empty(6));
+        assert_eq!(a.coalitions()[a.full_index()], Coalition::full(6));
+    }
+}
+
+#[test]
+fn loo_is_what_the_full_coalition_loses_without_each_player() {
+    let plan = Plan::new(10, &sampling(EstimatorKind::Loo, Estimand::Shapley, 4)).unwrap();
+    assert_eq!(plan.coalitions().len(), 12, "empty, full and n without one");
+    let est = plan.estimate(&values(&plan, rich_game));
+    assert!(est.std_errors.is_none());
+    for i in 0..10 {
+        let without = Coalition::from_members(10, (0..10).filter(|&j| j != i));
+        let want = rich_game(&Coalition::full(10)) - rich_game(&without);
+        assert_eq!(est.values[i], want, "player {i}");
+    }
+}
+
+/// A 10-player additive game with three non-zero weights.
+fn sparse_game(c: &Coalition) -> f64 {
+    let w = [0.0, 4.0, 0.0, 0.0, -2.5, 0.0, 0.0, 0.0, 1.25, 0.0];
+    c.members().map(|i| w[i]).sum::<f64>() + 7.0
+}
+
+#[test]
+fn kernel_recovers_a_planted_sparse_additive_game_with_zero_error_bars() {
+    let est = run(
+        10,
+        &sampling(EstimatorKind::Kernel, Estimand::Shapley, 300),
+        sparse_game,
+    );
+    let truth = run(10, &exact(Estimand::Shapley), sparse_game);
+    let se = est.std_errors.unwrap();
+    for i in 0..10 {
+        assert!(
+            (est.values[i] - truth.values[i]).abs() < 1e-9,
+            "{:?}",
+            est.values
+        );
+        assert!(se[i] < 1e-9, "{se:?}");
+    }
+}
+
+#[test]
+fn kernel_is_exactly_efficient_at_any_budget() {
+    for (n, budget) in [(8, 40), (8, 400), (10, 1000)] {
+        let settings = sampling(EstimatorKind::Kernel, Estimand::Shapley, budget);
+        let plan = Plan::new(n, &settings).unwrap();
+        let v = values(&plan, noisy_game);
+        let est = plan.estimate(&v);
+        let gap = est.values.iter().sum::<f64>() - (v[plan.full_index()] - v[plan.empty_index()]);
+        assert!(gap.abs() < 1e-9, "n {n} budget {budget}: {gap}");
+    }
+}
+
+#[test]
+fn kernel_is_exact_for_one_and_two_players() {
+    let game = |c: &Coalition| [1.5, 4.0, 2.0, 10.0][c.members().fold(0, |m, i| m | 1 << i)];
+    let one = run(
+        1,
+        &sampling(EstimatorKind::Kernel, Estimand::Shapley, 100),
+        game,
+    );
+    assert_eq!(one.values, [4.0 - 1.5]);
+    let est = run(
+        2,
+        &sampling(EstimatorKind::Kernel, Estimand::Shapley, 100),
+        game,
+    );
+    let truth = run(2, &exact(Estimand::Shapley), game);
+    for i in 0..2 {
+        assert!((est.values[i] - truth.values[i]).abs() < 1e-12, "{est:?}");
+    }
+}
+
+#[test]
+fn kernel_respects_the_budget_and_reproduces_its_estimates() {
+    for budget in [30, 31, 200, 1500] {
+        let settings = sampling(EstimatorKind::Kernel, Estimand::Shapley, budget);
+        let plan = Plan::new(10, &settings).unwrap();
+        assert!(plan.coalitions().len() <= budget, "{budget}");
+        let a = plan.estimate(&values(&plan, rich_game));
+        let b = run(10, &settings, rich_game);
+        assert_eq!(a, b);
+        let other = run(
+            10,
+            &EstimatorSettings {
+                seed: 8,
+                ..settings
+            },
+            rich_game,
+        );
+        assert_ne!(a.values, other.values);
+    }
+}
+
+#[test]
+fn kernel_refuses_too_small_a_budget_naming_it() {
+    let settings = sampling(EstimatorKind::Kernel, Estimand::Shapley, 6);
+    let err = Plan::new(10, &settings).unwrap_err().to_string();
+    assert!(
+        err.contains("raise `budget`") && err.contains("--budget"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -161,5 +271,13 @@ fn refusals_name_the_alternative() {
     assert!(err.contains("msr"), "{err}");
     let settings = sampling(EstimatorKind::Msr, Estimand::Shapley, 100);
     let err = Plan::new(4, &settings).unwrap_err().to_string();
-    assert!(err.contains("antithetic"), "{err}");
+    assert!(
+        err.contains("antithetic") && err.contains("kernel"),
+        "{err}"
+    );
+    for kind in [EstimatorKind::Loo, EstimatorKind::Kernel] {
+        let settings = sampling(kind, Estimand::Banzhaf, 100);
+        let err = Plan::new(4, &settings).unwrap_err().to_string();
+        assert!(err.contains("msr") && err.contains("exact"), "{err}");
+    }
 }
