@@ -295,9 +295,10 @@ fn a_killed_run_resumes_without_recomputing_and_matches_an_uninterrupted_one() {
 fn bad_flags_and_files_fail_with_a_named_cause() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "");
-    let output = explain(&cfg, &["--estimator", "kernel"]);
+    let output = explain(&cfg, &["--estimator", "lime"]);
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("exact, permutation, antithetic, msr"));
+    assert!(String::from_utf8_lossy(&output.stderr)
+        .contains("exact, permutation, antithetic, msr, loo, kernel"));
     let output = explain(&cfg, &["--turns", "9"]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("turn 9 does not exist"));
