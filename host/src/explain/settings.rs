@@ -94,6 +94,9 @@ named_enum! {
         /// KernelSHAP: weighted least squares over paired coalitions (Lundberg & Lee 2017;
         /// Covert & Lee 2021).
         Kernel = "kernel",
+        /// ContextCite: a sparse linear surrogate fitted by the LASSO on uniform random
+        /// ablations, its penalty chosen by cross-validation (Cohen-Wang et al. 2024).
+        Lasso = "lasso",
     } default Exact
 }
 
@@ -137,7 +140,7 @@ mod tests {
         }
         let err = "lime".parse::<EstimatorKind>().unwrap_err();
         assert!(
-            err.contains("exact, permutation, antithetic, msr, loo, kernel"),
+            err.contains("exact, permutation, antithetic, msr, loo, kernel, lasso"),
             "{err}"
         );
     }

@@ -4,6 +4,7 @@
 
 mod exact;
 mod kernel;
+mod lasso;
 mod loo;
 mod msr;
 mod permutation;
@@ -75,6 +76,8 @@ enum PlanKind {
     LeaveOneOut(Vec<usize>),
     /// Sampled coalition pairs and the least squares that combines them.
     Kernel(kernel::Kernel),
+    /// Sampled coalitions, with repeats, for the LASSO surrogate.
+    Lasso(lasso::Lasso),
 }
 
 /// Builds a plan's coalition list, each coalition once.
@@ -124,20 +127,29 @@ impl Plan {
                 let (coalitions, kernel) = kernel::plan(n, settings.budget, &mut rng)?;
                 (coalitions, PlanKind::Kernel(kernel))
             }
+            (EstimatorKind::Lasso, Estimand::Shapley) => {
+                let (coalitions, lasso) = lasso::plan(n, settings.budget, &mut rng)?;
+                (coalitions, PlanKind::Lasso(lasso))
+            }
             (
                 kind @ (EstimatorKind::Permutation
                 | EstimatorKind::Antithetic
                 | EstimatorKind::Loo
-                | EstimatorKind::Kernel),
+                | EstimatorKind::Kernel
+                | EstimatorKind::Lasso),
                 Estimand::Banzhaf,
             ) => {
                 return Err(ExplainError::Estimator(format!(
                     "`{kind}` {}; for `estimand = \"banzhaf\"` use \
                      `estimator = \"msr\"` (sampling) or `\"exact\"`",
-                    if kind == EstimatorKind::Loo {
-                        "is a baseline offered under the Shapley estimand only"
-                    } else {
-                        "estimates Shapley values"
+                    match kind {
+                        EstimatorKind::Loo => {
+                            "is a baseline offered under the Shapley estimand only"
+                        }
+                        EstimatorKind::Lasso => {
+                            "is a sparse surrogate offered under the Shapley estimand only"
+                        }
+                        _ => "estimates Shapley values",
                     }
                 )))
             }
@@ -145,7 +157,7 @@ impl Plan {
                 return Err(ExplainError::Estimator(
                     "`msr` estimates Banzhaf values; for `estimand = \"shapley\"` use \
                      `estimator = \"antithetic\"`, `\"permutation\"` or `\"kernel\"` \
-                     (sampling) or `\"exact\"`"
+                     (sampling), `\"lasso\"` (a sparse surrogate) or `\"exact\"`"
                         .into(),
                 ))
             }
@@ -199,6 +211,7 @@ impl Plan {
             PlanKind::Samples(samples) => msr::estimate(&self.coalitions, samples, values),
             PlanKind::LeaveOneOut(without) => loo::estimate(self.full_index(), without, values),
             PlanKind::Kernel(kernel) => kernel.estimate(&self.coalitions, values),
+            PlanKind::Lasso(lasso) => lasso.estimate(&self.coalitions, values),
         }
     }
 }
