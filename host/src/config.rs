@@ -86,7 +86,7 @@ pub struct ExplanationConfig {
     pub value: ValueKind,
     /// Logprob values per token instead of summed.
     pub value_mean: bool,
-    /// `"exact"`, `"permutation"`, `"antithetic"`, `"msr"`, `"loo"` or `"kernel"`.
+    /// `"exact"`, `"permutation"`, `"antithetic"`, `"msr"`, `"loo"`, `"kernel"` or `"lasso"`.
     pub estimator: EstimatorKind,
     /// `"shapley"` or `"banzhaf"`.
     pub estimand: Estimand,
@@ -94,6 +94,9 @@ pub struct ExplanationConfig {
     pub budget: usize,
     /// Seed of the sampling estimators.
     pub seed: u64,
+    /// Random coalitions a sampled (not `exact`) run also evaluates, to report how well the
+    /// attribution predicts them; 0 turns this off.
+    pub holdout: usize,
     /// `exact` refuses more players than this.
     pub max_exact_players: usize,
     /// Turn the backend's prefix cache on for the run (`false` turns it off).
@@ -122,6 +125,7 @@ impl Default for ExplanationConfig {
             estimand: estimator.estimand,
             budget: estimator.budget,
             seed: estimator.seed,
+            holdout: DEFAULT_HOLDOUT,
             max_exact_players: estimator.max_exact_players,
             kv_cache: true,
             sort_prompts: true,
@@ -131,9 +135,23 @@ impl Default for ExplanationConfig {
     }
 }
 
+/// Held-out coalitions of a sampled run unless `holdout` says otherwise.
+pub const DEFAULT_HOLDOUT: usize = 16;
+/// The most held-out coalitions a run may ask for.
+pub const MAX_HOLDOUT: usize = 10_000;
+
 impl ExplanationConfig {
     /// Refuses values out of range, naming the key.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.holdout != 0
+            && !(crate::explain::trust::MIN_HOLDOUT..=MAX_HOLDOUT).contains(&self.holdout)
+        {
+            return Err(format!(
+                "[explanation] `holdout` must be 0 (off) or >= {} and <= {MAX_HOLDOUT}. Given: {}",
+                crate::explain::trust::MIN_HOLDOUT,
+                self.holdout
+            ));
+        }
         if self.budget < 4 {
             return Err(format!(
                 "[explanation] `budget` must be >= 4. Given: {}",
@@ -321,6 +339,15 @@ mod tests {
         assert!(err.to_string().contains("exact, permutation"), "{err}");
         let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbudget = 1\n").unwrap_err();
         assert!(err.to_string().contains("`budget` must be >= 4"), "{err}");
+        let config = parse("[backend]\nkind = \"mock\"\n[explanation]\nholdout = 0\n").unwrap();
+        assert_eq!(config.explanation.holdout, 0);
+        assert_eq!(ExplanationConfig::default().holdout, DEFAULT_HOLDOUT);
+        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nholdout = 2\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`holdout` must be 0 (off) or >= 3 and <= 10000. Given: 2"),
+            "{err}"
+        );
         let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbatch_size = 0\n").unwrap_err();
         assert!(
             err.to_string().contains("`batch_size` must be >= 1"),

@@ -141,13 +141,7 @@ pub fn run(
         generation: &config.generation,
     };
 
-    let setup_key = serde_json::json!({
-        "plugin": backend.plugin(),
-        "model_id": config.backend.model_id,
-        "backend_options": crate::config::table_to_json(&config.backend.options),
-        "plugin_options": crate::config::table_to_json(&settings.plugin_options),
-        "generation": config.generation,
-    });
+    let setup_key = setup_key(config, &settings, backend.plugin());
     let (base, reply_source) = base_answer(
         &model,
         &settings,
@@ -157,19 +151,15 @@ pub fn run(
         &setup_key,
     )?;
     let value_fn = value::build(settings.value, settings.value_mean, &base, conversation)?;
-    let run_key = digest(
-        serde_json::json!({
-            "setup": setup_key,
-            "value": settings.value,
-            "value_mean": settings.value_mean,
-            "answer": base.text,
-            "answer_embedding": base.contextual_embedding,
-        })
-        .to_string()
-        .as_bytes(),
-    );
+    let run_key = run_key(&setup_key, &settings, &base);
 
-    let job = Job::new(players, plan, &settings.absence(), settings.sort_prompts);
+    let job = Job::with_holdout(
+        players,
+        plan,
+        settings.holdout,
+        &settings.absence(),
+        settings.sort_prompts,
+    );
     let stored = match &store {
         Some(store) => store.load(&run_key)?,
         None => Default::default(),
@@ -265,6 +255,42 @@ pub fn run(
 }
 
 /// The answer to explain: given, stored in the run directory, or generated (and stored).
+/// What the base answer depends on: the plugin, the model, its options and generation settings.
+/// The run directory keys answers by it; `reanalyze` rebuilds it without a backend.
+pub(crate) fn setup_key(
+    config: &Config,
+    settings: &ExplanationConfig,
+    plugin: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "plugin": plugin,
+        "model_id": config.backend.model_id,
+        "backend_options": crate::config::table_to_json(&config.backend.options),
+        "plugin_options": crate::config::table_to_json(&settings.plugin_options),
+        "generation": config.generation,
+    })
+}
+
+/// What a coalition's value depends on besides its prompt: the setup, the value function and
+/// the answer it measures. The run directory keys values by it.
+pub(crate) fn run_key(
+    setup_key: &serde_json::Value,
+    settings: &ExplanationConfig,
+    base: &BaseAnswer,
+) -> String {
+    digest(
+        serde_json::json!({
+            "setup": setup_key,
+            "value": settings.value,
+            "value_mean": settings.value_mean,
+            "answer": base.text,
+            "answer_embedding": base.contextual_embedding,
+        })
+        .to_string()
+        .as_bytes(),
+    )
+}
+
 fn base_answer(
     model: &BackendModel<'_>,
     settings: &ExplanationConfig,

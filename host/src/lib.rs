@@ -20,6 +20,7 @@ pub mod explain;
 pub mod explain_run;
 pub mod logging;
 pub mod plugins;
+pub mod reanalyze;
 pub mod report;
 pub mod run_store;
 pub mod serve;

@@ -6,16 +6,27 @@
 //! the next open, never half-read. Values are keyed by a run key (model, backend options,
 //! generation settings, value function, answer) and by the sha256 of the prompt, so different
 //! settings share a directory without mixing.
+//!
+//! A row stays small whatever the prompt holds: `prompt_json` writes each audio part as the
+//! sha256 of its samples (see [`crate::explain::schedule::audio_digest`]), its rate and its
+//! length, never the samples; the prompt key is hashed as the JSON streams, never held whole.
+//! Directories written before this (`user_version` 0) read as they are: the keys are the same
+//! and nothing reads `prompt_json` back. A directory of a newer format is refused by name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use lmhost_plugin_api::ConversationSnapshot;
+use lmhost_plugin_api::{ConversationSnapshot, Part};
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::explain::schedule::audio_digest;
 use crate::explain::{BaseAnswer, Evaluation};
+
+/// The format this build writes, kept in SQLite's `user_version`. 0 (before it was kept) reads
+/// the same: the keys did not change, only audio's `prompt_json` did.
+const FORMAT: i64 = 1;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS coalition_values (
@@ -47,9 +58,68 @@ pub fn digest(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The key of a prompt: the sha256 of its turns' canonical JSON.
+/// The key of a prompt: the sha256 of its turns' canonical JSON, hashed as it is written so a
+/// long audio is never held as JSON text.
 pub fn prompt_key(prompt: &ConversationSnapshot) -> String {
-    digest(&serde_json::to_vec(&prompt.turns).unwrap_or_default())
+    let mut hasher = HashWriter(Sha256::new());
+    // Writing into a hasher cannot fail, and the turns always serialize.
+    let _ = serde_json::to_writer(&mut hasher, &prompt.turns);
+    hasher
+        .0
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a row shows of its prompt: the turns, with each audio part as its digest, rate and
+/// length instead of its samples.
+pub fn stored_prompt_json(prompt: &ConversationSnapshot) -> String {
+    let turns: Vec<serde_json::Value> = prompt
+        .turns
+        .iter()
+        .map(|turn| {
+            let messages: Vec<serde_json::Value> = turn
+                .messages
+                .iter()
+                .map(|m| {
+                    let parts: Vec<serde_json::Value> = m
+                        .parts
+                        .iter()
+                        .map(|part| match part {
+                            Part::Text { text } => {
+                                serde_json::json!({"type": "text", "text": text.as_str()})
+                            }
+                            Part::Audio { audio } => serde_json::json!({
+                                "type": "audio",
+                                "audio": {
+                                    "sha256": audio_digest(audio),
+                                    "sample_rate": audio.sample_rate,
+                                    "samples": audio.samples.len(),
+                                },
+                            }),
+                        })
+                        .collect();
+                    serde_json::json!({"role": m.role, "parts": parts})
+                })
+                .collect();
+            serde_json::json!({ "messages": messages })
+        })
+        .collect();
+    serde_json::Value::Array(turns).to_string()
 }
 
 impl RunStore {
@@ -63,18 +133,30 @@ impl RunStore {
         std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create it: {e}")))?;
         let conn = Connection::open(&path)
             .map_err(|e| fail(format!("cannot open {}: {e}", path.display())))?;
-        let setup = |conn: &Connection| -> rusqlite::Result<()> {
+        let setup = |conn: &Connection| -> rusqlite::Result<i64> {
             conn.busy_timeout(std::time::Duration::from_secs(10))?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "FULL")?;
-            conn.execute_batch(SCHEMA)
+            conn.execute_batch(SCHEMA)?;
+            conn.query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0))
         };
-        setup(&conn).map_err(|e| {
+        let format = setup(&conn).map_err(|e| {
             fail(format!(
                 "{} is not a usable lmhost run store ({e}); pick another --run-dir",
                 path.display()
             ))
         })?;
+        if format > FORMAT {
+            return Err(fail(format!(
+                "{} was written by a newer lmhost (run store format {format}; this one reads \
+                 up to {FORMAT}); use that lmhost or pick another --run-dir",
+                path.display()
+            )));
+        }
+        if format < FORMAT {
+            conn.pragma_update(None, "user_version", FORMAT)
+                .map_err(|e| fail(format!("cannot mark {}: {e}", path.display())))?;
+        }
         Ok(RunStore { path, conn })
     }
 
@@ -117,7 +199,7 @@ impl RunStore {
         prompt: &ConversationSnapshot,
         evaluation: &Evaluation,
     ) -> Result<()> {
-        let json = serde_json::to_string(&prompt.turns).unwrap_or_default();
+        let json = stored_prompt_json(prompt);
         self.conn
             .execute(
                 "INSERT OR REPLACE INTO coalition_values \
@@ -194,6 +276,76 @@ mod tests {
         };
         store.put_base_answer("k", &base).unwrap();
         assert_eq!(store.base_answer("k").unwrap(), Some(base));
+    }
+
+    fn with_audio(samples: Vec<f32>) -> ConversationSnapshot {
+        use lmhost_plugin_api::abi_stable::std_types::RVec;
+        use lmhost_plugin_api::{Audio, Message, Role, Turn};
+        let message = Message {
+            role: Role::User,
+            parts: RVec::from(vec![
+                Part::Audio {
+                    audio: Audio {
+                        samples: RVec::from(samples),
+                        sample_rate: 16_000,
+                    },
+                },
+                Part::text("what is said?"),
+            ]),
+        };
+        ConversationSnapshot::new(vec![Turn {
+            messages: RVec::from(vec![message]),
+        }])
+        .unwrap()
+    }
+
+    #[test]
+    fn prompt_keys_are_those_of_directories_written_before_audio_was_digested() {
+        // Before, the key was the digest of the whole JSON text; rows keyed so must still match.
+        for prompt in [
+            ConversationSnapshot::from_prompt("hi there"),
+            with_audio(vec![0.0, 0.5, -0.25, 1.0e-7]),
+        ] {
+            let legacy = digest(&serde_json::to_vec(&prompt.turns).unwrap());
+            assert_eq!(prompt_key(&prompt), legacy);
+        }
+        let json = stored_prompt_json(&with_audio(vec![0.5; 1000]));
+        assert!(
+            json.contains("\"sha256\"") && json.contains("what is said?"),
+            "{json}"
+        );
+        assert!(json.len() < 300, "{json}");
+    }
+
+    #[test]
+    fn a_store_of_a_newer_format_is_refused_and_an_older_one_is_upgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("values.sqlite")).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        drop(conn);
+        let prompt = ConversationSnapshot::from_prompt("hi");
+        let e = Evaluation {
+            value: 0.5,
+            prompt_tokens: 1,
+            cached_prompt_tokens: 0,
+        };
+        RunStore::open(dir.path())
+            .unwrap()
+            .put("r", &prompt, &e)
+            .unwrap();
+        let conn = Connection::open(dir.path().join("values.sqlite")).unwrap();
+        let format: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(format, FORMAT);
+        conn.pragma_update(None, "user_version", FORMAT + 1)
+            .unwrap();
+        drop(conn);
+        let err = RunStore::open(dir.path()).err().unwrap().to_string();
+        assert!(
+            err.contains("newer lmhost") && err.contains("--run-dir"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -298,7 +298,7 @@ fn bad_flags_and_files_fail_with_a_named_cause() {
     let output = explain(&cfg, &["--estimator", "lime"]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr)
-        .contains("exact, permutation, antithetic, msr, loo, kernel"));
+        .contains("exact, permutation, antithetic, msr, loo, kernel, lasso"));
     let output = explain(&cfg, &["--turns", "9"]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("turn 9 does not exist"));
@@ -307,4 +307,57 @@ fn bad_flags_and_files_fail_with_a_named_cause() {
     let output = explain(&cfg, &["--run-dir", not_a_dir.to_str().unwrap()]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("run directory"));
+}
+
+#[test]
+fn sampled_runs_report_trust_on_held_out_coalitions_and_exact_runs_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let run = |extra: &[&str]| {
+        let json = dir.path().join("trust.json");
+        let mut args = vec!["--json", json.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let table = ok(explain(&cfg, &args));
+        (read_json(&json), table)
+    };
+    let sampled = ["--estimator", "antithetic", "--budget", "64"];
+    let (doc, table) = run(&sampled);
+    let trust = &doc["trust"];
+    assert_eq!(trust["holdout"], 16, "{doc}");
+    assert_eq!(doc["settings"]["holdout"], 16);
+    let spearman = trust["spearman"].as_f64().unwrap();
+    assert!((-1.0..=1.0).contains(&spearman), "{trust}");
+    assert!(trust["r_squared"].as_f64().unwrap() <= 1.0, "{trust}");
+    assert!(
+        table.contains("trust on 16 held-out coalitions: Spearman (LDS)"),
+        "{table}"
+    );
+    let html = dir.path().join("trust.html");
+    ok(explain(
+        &cfg,
+        &[&sampled[..], &["--html", html.to_str().unwrap()]].concat(),
+    ));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("<p class=\"meta\" id=\"trust\">trust on 16"),
+        "{page}"
+    );
+
+    // Held-out coalitions are evaluated with the rest; without them the estimate is the same.
+    let (off, table) = run(&[&sampled[..], &["--holdout", "0"]].concat());
+    assert!(off["trust"].is_null(), "{off}");
+    assert!(!table.contains("trust"), "{table}");
+    assert_eq!(values(&off), values(&doc));
+    assert!(
+        off["coalitions"]["unique_prompts"].as_u64()
+            <= doc["coalitions"]["unique_prompts"].as_u64()
+    );
+
+    let (exact, table) = run(&["--holdout", "32"]);
+    assert!(exact["trust"].is_null(), "{exact}");
+    assert!(!table.contains("trust"), "{table}");
+
+    let output = explain(&cfg, &["--estimator", "kernel", "--holdout", "2"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("`holdout` must be 0 (off) or >= 3"));
 }

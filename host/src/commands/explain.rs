@@ -6,7 +6,7 @@ use lmhost::config::ExplanationConfig;
 use lmhost::explain::{AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
 use lmhost::explain_run::{self, RunOptions};
 use lmhost::report::{html, json, table};
-use lmhost::{conversation, Config, Error, Host, Result};
+use lmhost::{conversation, reanalyze, Config, Error, Host, Result};
 use lmhost_plugin_api::Role;
 
 use super::ConfigArg;
@@ -74,6 +74,10 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
 
+    /// Random coalitions a sampled run also evaluates to score its attribution (0: off).
+    #[arg(long, value_name = "N")]
+    holdout: Option<usize>,
+
     /// `exact` refuses more players than this.
     #[arg(long, value_name = "N")]
     max_exact_players: Option<usize>,
@@ -93,6 +97,11 @@ pub struct Args {
     /// Persist every coalition value in DIR and resume from it.
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
+
+    /// Recompute the attribution from the values in --run-dir alone, calling no model; fails
+    /// naming how many coalitions the estimator needs that the directory lacks.
+    #[arg(long, requires = "run_dir")]
+    reanalyze: bool,
 
     /// Write the result as JSON.
     #[arg(long, value_name = "FILE")]
@@ -132,6 +141,7 @@ impl Args {
             estimand,
             budget,
             seed,
+            holdout,
             max_exact_players,
             batch_size
         );
@@ -147,13 +157,24 @@ pub fn run(args: &Args, quiet: bool) -> Result<()> {
     let mut config = Config::load(&args.config.config)?;
     args.apply(&mut config.explanation)?;
     let conversation = conversation::load(&args.conversation)?;
-    let backend = Host::new().open(&config)?;
-    let options = RunOptions {
-        reply: args.reply.clone(),
-        run_dir: args.run_dir.clone(),
-        progress: !quiet,
+    let outcome = match (&args.run_dir, args.reanalyze) {
+        (Some(run_dir), true) => reanalyze::run(
+            &Host::new(),
+            &config,
+            &conversation,
+            run_dir,
+            args.reply.as_deref(),
+        )?,
+        _ => {
+            let backend = Host::new().open(&config)?;
+            let options = RunOptions {
+                reply: args.reply.clone(),
+                run_dir: args.run_dir.clone(),
+                progress: !quiet,
+            };
+            explain_run::run(&config, &backend, &conversation, &options)?
+        }
     };
-    let outcome = explain_run::run(&config, &backend, &conversation, &options)?;
     if let Some(path) = &args.json {
         write(path, &json::render(&outcome))?;
     }

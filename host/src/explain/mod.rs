@@ -8,10 +8,13 @@
 //! and progress.
 //!
 //! ```text
-//! Players::split ─▶ Plan::new ─▶ Job::new (render, dedup, sort) ─▶ caller evaluates
-//!                                 Job::prompts()                    each prompt
-//!                                                         Job::finish(values) ─▶ Explanation
+//! Players::split ─▶ Plan::new ─▶ Job::with_holdout (render, dedup, sort) ─▶ caller evaluates
+//!                                 Job::prompts()                             each prompt
+//!                                                 Job::finish(values) ─▶ Explanation (+ Trust)
 //! ```
+//!
+//! A sampled plan's job also holds a few random [`trust`] coalitions the estimator never sees;
+//! their values say how well the attribution predicts the model.
 
 pub mod coalition;
 pub mod error;
@@ -19,6 +22,7 @@ pub mod estimators;
 pub mod players;
 pub mod schedule;
 pub mod settings;
+pub mod trust;
 pub mod value;
 
 use lmhost_plugin_api::ConversationSnapshot;
@@ -30,6 +34,7 @@ pub use estimators::{Estimates, EstimatorSettings, Plan};
 pub use players::{Player, PlayerSpec, Players};
 pub use schedule::Schedule;
 pub use settings::{Absence, AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
+pub use trust::Trust;
 pub use value::{BaseAnswer, Evaluation, Model, Need, ValueFunction};
 
 use settings::EstimatorKind as Kind;
@@ -39,22 +44,45 @@ use settings::EstimatorKind as Kind;
 pub struct Job {
     players: Players,
     plan: Plan,
+    /// Random coalitions evaluated only to test the attribution (after the plan's, in the
+    /// schedule's coalition order).
+    holdout: Vec<Coalition>,
     schedule: Schedule,
 }
 
 impl Job {
     /// Renders every coalition of `plan` under `absence`, deduplicates the prompts and, with
-    /// `sort`, orders them for prefix sharing.
+    /// `sort`, orders them for prefix sharing. No held-out coalitions.
     pub fn new(players: Players, plan: Plan, absence: &Absence, sort: bool) -> Job {
+        Job::with_holdout(players, plan, 0, absence, sort)
+    }
+
+    /// As [`Job::new`], plus `holdout` random coalitions (from the plan's seed, on a stream of
+    /// their own) evaluated with the rest, to score the attribution; none for `exact`, whose
+    /// attribution is not an estimate.
+    pub fn with_holdout(
+        players: Players,
+        plan: Plan,
+        holdout: usize,
+        absence: &Absence,
+        sort: bool,
+    ) -> Job {
+        let settings = plan.settings();
+        let holdout = match settings.kind {
+            Kind::Exact => Vec::new(),
+            _ => trust::draw(plan.n(), holdout, settings.seed),
+        };
         let rendered: Vec<ConversationSnapshot> = plan
             .coalitions()
             .iter()
+            .chain(&holdout)
             .map(|c| render(&players, c, absence))
             .collect();
         let schedule = schedule::schedule(&rendered, sort);
         Job {
             players,
             plan,
+            holdout,
             schedule,
         }
     }
@@ -85,7 +113,8 @@ impl Job {
             .iter()
             .map(|&p| values[p])
             .collect();
-        let estimates = self.plan.estimate(&per_coalition);
+        let (per_coalition, held_out) = per_coalition.split_at(self.plan.coalitions().len());
+        let estimates = self.plan.estimate(per_coalition);
         let v_all = per_coalition[self.plan.full_index()];
         let v_none = per_coalition[self.plan.empty_index()];
         let settings = self.plan.settings();
@@ -99,6 +128,8 @@ impl Job {
                 gap: sum - (v_all - v_none),
             }
         });
+        let trust = (!self.holdout.is_empty())
+            .then(|| Trust::assess(&estimates.values, v_none, &self.holdout, held_out));
         let ranks = ranks(&estimates.values);
         let attributions = self
             .players
@@ -117,6 +148,7 @@ impl Job {
             v_all,
             v_none,
             efficiency,
+            trust,
             coalitions: self.plan.coalitions().len(),
             unique_prompts: self.schedule.prompts.len(),
         }
@@ -163,9 +195,12 @@ pub struct Explanation {
     pub v_none: f64,
     /// For exact Shapley only.
     pub efficiency: Option<Efficiency>,
-    /// Distinct coalitions the estimator planned.
+    /// How well the attribution predicts held-out coalitions; `None` for `exact` or when no
+    /// coalitions were held out.
+    pub trust: Option<Trust>,
+    /// Distinct coalitions the estimator planned (held-out ones not counted).
     pub coalitions: usize,
-    /// Distinct prompts those coalitions rendered to.
+    /// Distinct prompts those coalitions and the held-out ones rendered to.
     pub unique_prompts: usize,
 }
 
@@ -204,6 +239,47 @@ mod tests {
         assert_eq!((e.v_all, e.v_none), (3.0, 0.0));
         assert_eq!(e.attributions[2].rank, 1);
         assert!(e.efficiency.unwrap().gap.abs() < 1e-12);
+    }
+
+    #[test]
+    fn held_out_coalitions_join_the_prompts_and_score_the_attribution() {
+        let conversation = ConversationSnapshot::from_prompt("yes no yes yes no");
+        let spec = PlayerSpec {
+            granularity: Granularity::Words,
+            ..PlayerSpec::default()
+        };
+        let players = Players::split(&conversation, &spec).unwrap();
+        let job_for = |kind, holdout| {
+            let settings = EstimatorSettings {
+                kind,
+                budget: 40,
+                ..EstimatorSettings::default()
+            };
+            let plan = Plan::new(players.len(), &settings).unwrap();
+            Job::with_holdout(players.clone(), plan, holdout, &Absence::Delete, true)
+        };
+        let finish =
+            |job: &Job| job.finish(&job.prompts().iter().map(yes_count).collect::<Vec<_>>());
+        // A yes count is additive: the attribution predicts every held-out coalition.
+        let job = job_for(EstimatorKind::Antithetic, 16);
+        let without = job_for(EstimatorKind::Antithetic, 0);
+        assert!(job.prompts().len() >= without.prompts().len());
+        assert_eq!(
+            job.plan().coalitions().len(),
+            without.plan().coalitions().len()
+        );
+        let trust = finish(&job).trust.unwrap();
+        assert_eq!(trust.holdout, 16);
+        assert!((trust.spearman.unwrap() - 1.0).abs() < 1e-12, "{trust:?}");
+        assert!((trust.r_squared.unwrap() - 1.0).abs() < 1e-12, "{trust:?}");
+        assert_eq!(finish(&without).trust, None);
+        // Exact holds nothing out.
+        let exact = job_for(EstimatorKind::Exact, 16);
+        assert_eq!(
+            exact.prompts().len(),
+            job_for(EstimatorKind::Exact, 0).prompts().len()
+        );
+        assert_eq!(finish(&exact).trust, None);
     }
 
     #[test]

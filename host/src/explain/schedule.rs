@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use lmhost_plugin_api::{ConversationSnapshot, Part};
+use lmhost_plugin_api::{Audio, ConversationSnapshot, Part};
+use sha2::{Digest, Sha256};
 
 /// Unique prompts in evaluation order, and which prompt each coalition maps to.
 #[derive(Debug, Clone)]
@@ -45,7 +46,9 @@ pub fn schedule(rendered: &[ConversationSnapshot], sort: bool) -> Schedule {
 
 /// The prompt as one string: each message's role and parts in order, with control characters
 /// marking the boundaries, so equal keys mean equal prompts and a shared key prefix means a
-/// shared prompt prefix.
+/// shared prompt prefix. Text is kept as it is (its control characters `\u{0}`..`\u{5}`
+/// escaped, so no text reads as a boundary); audio is its [`audio_digest`], so a minute of
+/// audio adds 66 characters, not its samples.
 pub fn content_key(prompt: &ConversationSnapshot) -> String {
     let mut key = String::new();
     for turn in prompt.turns.iter() {
@@ -54,14 +57,10 @@ pub fn content_key(prompt: &ConversationSnapshot) -> String {
             key.push('\u{1}');
             for part in message.parts.iter() {
                 match part {
-                    Part::Text { text } => key.push_str(text),
+                    Part::Text { text } => push_escaped(&mut key, text),
                     Part::Audio { audio } => {
-                        // Audio is compared by its exact samples.
                         key.push('\u{4}');
-                        for s in audio.samples.iter() {
-                            key.push_str(&format!("{:08x}", s.to_bits()));
-                        }
-                        key.push_str(&format!("@{}", audio.sample_rate));
+                        key.push_str(&audio_digest(audio));
                     }
                 }
                 key.push('\u{2}');
@@ -71,6 +70,37 @@ pub fn content_key(prompt: &ConversationSnapshot) -> String {
         key.push('\u{5}');
     }
     key
+}
+
+/// Appends `text`, each of the marker characters `\u{0}`..=`\u{5}` written as `\u{0}` and a
+/// digit, so the mapping is injective and markers in the key are always boundaries.
+fn push_escaped(key: &mut String, text: &str) {
+    for c in text.chars() {
+        if c <= '\u{5}' {
+            key.push('\u{0}');
+            key.push(char::from(b'0' + c as u8));
+        } else {
+            key.push(c);
+        }
+    }
+}
+
+/// Hex sha256 of the samples as f32 little-endian bytes followed by the sample rate as u32
+/// little-endian: equal exactly when the samples (bit for bit) and the rate are.
+pub fn audio_digest(audio: &Audio) -> String {
+    let mut hasher = Sha256::new();
+    let mut bytes = Vec::with_capacity(4 * 4096);
+    for chunk in audio.samples.chunks(4096) {
+        bytes.clear();
+        bytes.extend(chunk.iter().flat_map(|s| s.to_le_bytes()));
+        hasher.update(&bytes);
+    }
+    hasher.update(audio.sample_rate.to_le_bytes());
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Characters shared by each prompt's key with the previous one's: what a one-entry prefix
@@ -118,6 +148,41 @@ mod tests {
         let unsorted = schedule(&rendered, false);
         assert_eq!(unsorted.prompts.len(), 3);
         assert_eq!(unsorted.prompts[0], rendered[0]);
+    }
+
+    #[test]
+    fn text_never_reads_as_a_boundary_or_as_audio() {
+        use lmhost_plugin_api::abi_stable::std_types::RVec;
+        use lmhost_plugin_api::{Message, Role, Turn};
+        let of = |parts: Vec<Part>| {
+            let message = Message {
+                role: Role::User,
+                parts: RVec::from(parts),
+            };
+            let turn = Turn {
+                messages: RVec::from(vec![message]),
+            };
+            content_key(&ConversationSnapshot::new(vec![turn]).unwrap())
+        };
+        let audio = Audio {
+            samples: RVec::from(vec![0.25f32, -0.5]),
+            sample_rate: 16_000,
+        };
+        let as_audio = of(vec![Part::Audio {
+            audio: audio.clone(),
+        }]);
+        let as_text = of(vec![Part::text(format!("\u{4}{}", audio_digest(&audio)))]);
+        assert_ne!(as_audio, as_text);
+        assert_ne!(
+            of(vec![Part::text("a\u{2}b")]),
+            of(vec![Part::text("a"), Part::text("b")])
+        );
+        let other_rate = Audio {
+            sample_rate: 8_000,
+            ..audio.clone()
+        };
+        assert_ne!(audio_digest(&audio), audio_digest(&other_rate));
+        assert_eq!(audio_digest(&audio).len(), 64);
     }
 
     #[test]

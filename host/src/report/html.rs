@@ -156,6 +156,13 @@ pub fn render(outcome: &Outcome) -> String {
         );
     }
     h.push_str("</table>\n");
+    if let Some(trust) = &e.trust {
+        let _ = writeln!(
+            h,
+            "<p class=\"meta\" id=\"trust\">{}</p>",
+            escape(&super::table::trust_line(trust))
+        );
+    }
     let st = &outcome.stats;
     let _ = writeln!(
         h,

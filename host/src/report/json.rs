@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::config::ExplanationConfig;
-use crate::explain::{Attribution, Efficiency};
+use crate::explain::{Attribution, Efficiency, Trust};
 use crate::explain_run::{Outcome, ReplySource, RunStats};
 
 #[derive(Debug, Serialize)]
@@ -19,6 +19,8 @@ pub struct Document<'a> {
     pub v_all: f64,
     pub v_none: f64,
     pub efficiency: Option<Efficiency>,
+    /// How well the attribution predicts held-out coalitions; null for exact or `holdout = 0`.
+    pub trust: Option<&'a Trust>,
     pub coalitions: Coalitions,
     pub tokens: Tokens,
     pub kv_cache: KvCache,
@@ -95,6 +97,7 @@ pub fn document(outcome: &Outcome) -> Document<'_> {
         v_all: e.v_all,
         v_none: e.v_none,
         efficiency: e.efficiency,
+        trust: e.trust.as_ref(),
         coalitions: Coalitions {
             planned: e.coalitions,
             unique_prompts: e.unique_prompts,

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::{fit, number, one_line};
-use crate::explain::ValueKind;
+use crate::explain::{Trust, ValueKind};
 use crate::explain_run::Outcome;
 
 /// Total width of a table row.
@@ -93,6 +93,9 @@ pub fn render(outcome: &Outcome) -> String {
             eff.gap
         );
     }
+    if let Some(trust) = &e.trust {
+        let _ = writeln!(out, "{}", one_line(&trust_line(trust), WIDTH));
+    }
     let st = &outcome.stats;
     let _ = writeln!(
         out,
@@ -110,6 +113,22 @@ pub fn render(outcome: &Outcome) -> String {
         st.wall_time_s
     );
     out
+}
+
+/// "trust on 16 held-out coalitions: Spearman (LDS) 0.912, R² 0.843", or why a figure is
+/// missing.
+pub fn trust_line(t: &Trust) -> String {
+    let figure = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
+    let head = format!("trust on {} held-out coalitions:", t.holdout);
+    match (t.spearman, t.r_squared, t.note) {
+        (None, None, note) => format!("{head} no figures ({})", note.unwrap_or("undefined")),
+        (spearman, r_squared, note) => format!(
+            "{head} Spearman (LDS) {}, R² {}{}",
+            figure(spearman),
+            figure(r_squared),
+            note.map_or(String::new(), |n| format!(" ({n})"))
+        ),
+    }
 }
 
 /// A bar of `2 * HALF_BAR + 1` columns: negative values grow left of the axis, positive right.
@@ -143,6 +162,25 @@ mod tests {
         );
         assert!(bar(0.5, 1.0).starts_with(&format!("{}│█", " ".repeat(HALF_BAR))));
         assert_eq!(bar(0.0, 0.0).trim(), "│");
+    }
+
+    #[test]
+    fn trust_lines_give_the_figures_or_say_why_not() {
+        let t = Trust::of(&[1.0, 2.0, 3.0, 4.0], &[1.0, 2.0, 3.0, 5.0]);
+        assert_eq!(
+            trust_line(&t),
+            "trust on 4 held-out coalitions: Spearman (LDS) 1.000, R² 0.886"
+        );
+        let t = Trust::of(&[1.0, 2.0], &[1.0, 2.0]);
+        assert_eq!(
+            trust_line(&t),
+            "trust on 2 held-out coalitions: no figures (fewer than 3 held-out coalitions)"
+        );
+        let t = Trust::of(&[0.0; 3], &[1.0, 2.0, 3.0]);
+        assert!(
+            trust_line(&t).ends_with("Spearman (LDS) -, R² -6.000 (the predictions are all equal)")
+        );
+        assert!(trust_line(&t).chars().count() <= WIDTH);
     }
 
     #[test]
