@@ -139,6 +139,9 @@ impl Default for ExplanationConfig {
 pub const DEFAULT_HOLDOUT: usize = 16;
 /// The most held-out coalitions a run may ask for.
 pub const MAX_HOLDOUT: usize = 10_000;
+/// Most coalition evaluations a run may plan: a run holds every planned prompt in memory, and
+/// 100,000 prompts of a long context already take gigabytes.
+const MAX_BUDGET: usize = 100_000;
 
 impl ExplanationConfig {
     /// Refuses values out of range, naming the key.
@@ -152,9 +155,9 @@ impl ExplanationConfig {
                 self.holdout
             ));
         }
-        if self.budget < 4 {
+        if !(4..=MAX_BUDGET).contains(&self.budget) {
             return Err(format!(
-                "[explanation] `budget` must be >= 4. Given: {}",
+                "[explanation] `budget` must be >= 4 and <= {MAX_BUDGET}. Given: {}",
                 self.budget
             ));
         }
@@ -339,6 +342,12 @@ mod tests {
         assert!(err.to_string().contains("exact, permutation"), "{err}");
         let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbudget = 1\n").unwrap_err();
         assert!(err.to_string().contains("`budget` must be >= 4"), "{err}");
+        let err =
+            parse("[backend]\nkind = \"mock\"\n[explanation]\nbudget = 100001\n").unwrap_err();
+        assert!(
+            err.to_string().contains("<= 100000. Given: 100001"),
+            "{err}"
+        );
         let config = parse("[backend]\nkind = \"mock\"\n[explanation]\nholdout = 0\n").unwrap();
         assert_eq!(config.explanation.holdout, 0);
         assert_eq!(ExplanationConfig::default().holdout, DEFAULT_HOLDOUT);
