@@ -177,24 +177,12 @@ fn mean(rows: &[Vec<f64>], n: usize) -> Vec<f64> {
     out
 }
 
-/// The inverse of a symmetric positive definite matrix by Cholesky, A = LLᵀ; `None` when a
-/// pivot falls below 1e-10 of the largest diagonal entry (singular to working precision).
+/// The inverse of a symmetric positive definite matrix, A⁻¹ = L⁻ᵀ L⁻¹ from its Cholesky factor;
+/// `None` when A is singular to working precision.
 fn spd_inverse(a: &[Vec<f64>]) -> Option<Vec<Vec<f64>>> {
     let n = a.len();
-    let tol = 1e-10 * a.iter().enumerate().map(|(i, r)| r[i]).fold(0.0, f64::max);
-    let mut l = vec![vec![0.0; n]; n];
-    for j in 0..n {
-        let d = a[j][j] - (0..j).map(|k| l[j][k] * l[j][k]).sum::<f64>();
-        if d.is_nan() || d <= tol {
-            return None;
-        }
-        l[j][j] = d.sqrt();
-        for i in j + 1..n {
-            let s = a[i][j] - (0..j).map(|k| l[i][k] * l[j][k]).sum::<f64>();
-            l[i][j] = s / l[j][j];
-        }
-    }
-    // L⁻¹ row by row (forward substitution), then A⁻¹ = L⁻ᵀ L⁻¹.
+    let l = super::linalg::cholesky(a)?;
+    // L⁻¹ row by row (forward substitution).
     let mut inv_l: Vec<Vec<f64>> = Vec::with_capacity(n);
     for (i, row) in l.iter().enumerate() {
         let inv_row = (0..n)

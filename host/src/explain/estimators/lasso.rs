@@ -308,23 +308,11 @@ fn axpy(a: f64, x: &[f64], y: &mut [f64]) {
     }
 }
 
-/// Solves A x = b for symmetric positive definite A by Cholesky; `None` when a pivot falls
-/// below 1e-10 of the largest diagonal entry (singular to working precision).
+/// Solves A x = b for symmetric positive definite A by its Cholesky factor; `None` when A is
+/// singular to working precision.
 fn cholesky_solve(a: &[Vec<f64>], b: &[f64]) -> Option<Vec<f64>> {
     let n = a.len();
-    let tol = 1e-10 * (0..n).map(|i| a[i][i]).fold(0.0, f64::max);
-    let mut l = vec![vec![0.0; n]; n];
-    for j in 0..n {
-        let d = a[j][j] - (0..j).map(|k| l[j][k] * l[j][k]).sum::<f64>();
-        if d.is_nan() || d <= tol {
-            return None;
-        }
-        l[j][j] = d.sqrt();
-        for i in j + 1..n {
-            let s = a[i][j] - (0..j).map(|k| l[i][k] * l[j][k]).sum::<f64>();
-            l[i][j] = s / l[j][j];
-        }
-    }
+    let l = super::linalg::cholesky(a)?;
     // L w = b, then Lᵀ x = w.
     let mut w = vec![0.0; n];
     for i in 0..n {

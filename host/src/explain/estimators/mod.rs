@@ -5,6 +5,7 @@
 mod exact;
 mod kernel;
 mod lasso;
+mod linalg;
 mod loo;
 mod msr;
 mod permutation;
