@@ -153,13 +153,7 @@ pub fn run(
     let value_fn = value::build(settings.value, settings.value_mean, &base, conversation)?;
     let run_key = run_key(&setup_key, &settings, &base);
 
-    let job = Job::with_holdout(
-        players,
-        plan,
-        settings.holdout,
-        &settings.absence(),
-        settings.sort_prompts,
-    );
+    let job = job(players, plan, &settings);
     let stored = match &store {
         Some(store) => store.load(&run_key)?,
         None => Default::default(),
@@ -255,6 +249,18 @@ pub fn run(
 }
 
 /// The answer to explain: given, stored in the run directory, or generated (and stored).
+/// The prompts to evaluate: the plan's coalitions and the held-out ones, rendered and ordered
+/// as the settings say. `reanalyze` builds the same job to find them in the run directory.
+pub(crate) fn job(players: Players, plan: Plan, settings: &ExplanationConfig) -> Job {
+    Job::with_holdout(
+        players,
+        plan,
+        settings.holdout,
+        &settings.absence(),
+        settings.sort_prompts,
+    )
+}
+
 /// What the base answer depends on: the plugin, the model, its options and generation settings.
 /// The run directory keys answers by it; `reanalyze` rebuilds it without a backend.
 pub(crate) fn setup_key(

@@ -17,8 +17,8 @@ use lmhost_plugin_api::ConversationSnapshot;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::explain::{BaseAnswer, EstimatorKind, Job, Plan, Players, ValueKind};
-use crate::explain_run::{run_key, setup_key, Outcome, ReplySource, RunStats};
+use crate::explain::{BaseAnswer, EstimatorKind, Plan, Players, ValueKind};
+use crate::explain_run::{job, run_key, setup_key, Outcome, ReplySource, RunStats};
 use crate::run_store::{digest, prompt_key, RunStore};
 use crate::{plugins, Host};
 
@@ -86,13 +86,7 @@ pub fn run(
     };
     let run_key = run_key(&setup_key, &settings, &base);
 
-    let job = Job::with_holdout(
-        players,
-        plan,
-        settings.holdout,
-        &settings.absence(),
-        settings.sort_prompts,
-    );
+    let job = job(players, plan, &settings);
     let stored = store.load(&run_key)?;
     let needed = job.prompts().len();
     let mut values = Vec::with_capacity(needed);
