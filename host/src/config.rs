@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::explain::{
     Absence, AbsenceKind, Estimand, EstimatorKind, EstimatorSettings, Granularity, PlayerSpec,
-    ValueKind,
+    Stopping, ValueKind,
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -97,6 +97,12 @@ pub struct ExplanationConfig {
     /// Random coalitions a sampled (not `exact`) run also evaluates, to report how well the
     /// attribution predicts them; 0 turns this off.
     pub holdout: usize,
+    /// End a sampled run early once every standard error is at most this (see
+    /// [`crate::explain::stopping`]).
+    pub target_se: Option<f64>,
+    /// End a sampled run early once the top `settle_top` players keep their order between two
+    /// rounds; 0 turns this off.
+    pub settle_top: usize,
     /// `exact` refuses more players than this.
     pub max_exact_players: usize,
     /// Turn the backend's prefix cache on for the run (`false` turns it off).
@@ -126,6 +132,8 @@ impl Default for ExplanationConfig {
             budget: estimator.budget,
             seed: estimator.seed,
             holdout: DEFAULT_HOLDOUT,
+            target_se: None,
+            settle_top: 0,
             max_exact_players: estimator.max_exact_players,
             kv_cache: true,
             sort_prompts: true,
@@ -161,6 +169,7 @@ impl ExplanationConfig {
                 self.budget
             ));
         }
+        self.stopping().check_settings(self.estimator)?;
         if self.batch_size == 0 {
             return Err("[explanation] `batch_size` must be >= 1. Given: 0".into());
         }
@@ -189,6 +198,13 @@ impl ExplanationConfig {
             budget: self.budget,
             seed: self.seed,
             max_exact_players: self.max_exact_players,
+        }
+    }
+
+    pub fn stopping(&self) -> Stopping {
+        Stopping {
+            target_se: self.target_se,
+            settle_top: self.settle_top,
         }
     }
 
@@ -360,6 +376,18 @@ mod tests {
         let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nbatch_size = 0\n").unwrap_err();
         assert!(
             err.to_string().contains("`batch_size` must be >= 1"),
+            "{err}"
+        );
+        let config = parse(
+            "[backend]\nkind = \"mock\"\n[explanation]\nestimator = \"kernel\"\n\
+             target_se = 0.05\nsettle_top = 3\n",
+        )
+        .unwrap();
+        let stopping = config.explanation.stopping();
+        assert_eq!((stopping.target_se, stopping.settle_top), (Some(0.05), 3));
+        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nsettle_top = 3\n").unwrap_err();
+        assert!(
+            err.to_string().contains("`exact` evaluates a fixed set"),
             "{err}"
         );
     }

@@ -5,6 +5,7 @@
 //! a time so nothing computable is lost), shows progress, and gathers the figures the report
 //! needs.
 
+use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -19,7 +20,11 @@ use serde::Serialize;
 use crate::backend::Backend;
 use crate::config::{Config, ExplanationConfig};
 use crate::error::Result;
-use crate::explain::{value, BaseAnswer, Explanation, Job, Model, Need, Plan, Players};
+use crate::explain::value::ValueFunction;
+use crate::explain::{
+    value, BaseAnswer, EstimatorSettings, Evaluation, Explanation, Job, Model, Need, Plan, Players,
+    Stopped,
+};
 use crate::run_store::{digest, prompt_key, RunStore};
 
 /// What to run, beyond the config.
@@ -53,6 +58,8 @@ pub struct Outcome {
     pub plugin: String,
     pub model_id: String,
     pub stats: RunStats,
+    /// How the rounds went, for a run with a stopping rule.
+    pub stopped: Option<Stopped>,
 }
 
 /// Counts and times of one run.
@@ -153,78 +160,32 @@ pub fn run(
     let value_fn = value::build(settings.value, settings.value_mean, &base, conversation)?;
     let run_key = run_key(&setup_key, &settings, &base);
 
-    let job = job(players, plan, &settings);
     let stored = match &store {
         Some(store) => store.load(&run_key)?,
         None => Default::default(),
     };
-    let bar = progress_bar(job.prompts().len() as u64, options.progress);
-    let mut stats = RunStats {
-        kv_cache_enabled: settings.kv_cache,
-        ..RunStats::default()
+    let mut evaluator = Evaluator {
+        model: &model,
+        value_fn: value_fn.as_ref(),
+        store: store.as_ref(),
+        run_key: &run_key,
+        stored,
+        known: HashMap::new(),
+        batch_size: settings.batch_size,
+        bar: progress_bar(options.progress),
+        stats: RunStats {
+            kv_cache_enabled: settings.kv_cache,
+            ..RunStats::default()
+        },
+        backend,
+        stats_before: &stats_before,
+        started,
     };
-    let mut values = Vec::with_capacity(job.prompts().len());
-    for batch in job.prompts().chunks(settings.batch_size) {
-        let keys: Vec<String> = batch.iter().map(prompt_key).collect();
-        let missing: Vec<ConversationSnapshot> = batch
-            .iter()
-            .zip(&keys)
-            .filter(|(_, key)| !stored.contains_key(*key))
-            .map(|(prompt, _)| prompt.clone())
-            .collect();
-        // A batch the run directory holds whole never reaches the backend (nor loads its model).
-        let batched = if missing.is_empty() {
-            Ok(Vec::new())
-        } else {
-            value_fn.evaluate_batch(&model, &missing)
-        };
-        // A failed batch keeps what it can: its prompts run one at a time, each stored as it
-        // comes, up to the one that fails (whose own error is then the run's).
-        let mut fresh: Box<dyn Iterator<Item = std::result::Result<_, _>>> = match batched {
-            Ok(values) => Box::new(values.into_iter().map(Ok)),
-            Err(_) => Box::new(missing.iter().map(|p| value_fn.evaluate(&model, p))),
-        };
-        for (prompt, key) in batch.iter().zip(&keys) {
-            let evaluation = match stored.get(key) {
-                Some(e) => {
-                    stats.reused_from_run_dir += 1;
-                    *e
-                }
-                None => {
-                    let e = fresh
-                        .next()
-                        .ok_or_else(|| crate::explain::ExplainError::Model {
-                            what: "a batch of coalitions".into(),
-                            message: "fewer values came back than prompts were sent".into(),
-                        })??;
-                    if let Some(store) = &store {
-                        store.put(&run_key, prompt, &e)?;
-                    }
-                    stats.evaluated += 1;
-                    stats.prompt_tokens_computed +=
-                        e.prompt_tokens - e.cached_prompt_tokens.min(e.prompt_tokens);
-                    stats.prompt_tokens_reused += e.cached_prompt_tokens;
-                    e
-                }
-            };
-            if !evaluation.value.is_finite() {
-                return Err(crate::explain::ExplainError::Model {
-                    what: "a coalition".into(),
-                    message: format!("its value is {} (not a finite number)", evaluation.value),
-                }
-                .into());
-            }
-            values.push(evaluation.value);
-            bar.inc(1);
-        }
-        let rate = bar.position() as f64 / started.elapsed().as_secs_f64().max(1e-3);
-        bar.set_message(format!(
-            "{rate:.1}/s  {}",
-            hit_rate(&stats_before, &backend.stats())
-        ));
-    }
-    bar.finish_and_clear();
-    let explanation = job.finish(&values);
+    let (job, explanation, stopped) = in_rounds(players, plan, &settings, |prompts| {
+        evaluator.values(prompts)
+    })?;
+    evaluator.bar.finish_and_clear();
+    let mut stats = evaluator.stats;
     let after = backend.stats();
     stats.kv_cache_hits = after
         .kv_cache_hits
@@ -245,7 +206,161 @@ pub fn run(
         plugin: backend.plugin().to_string(),
         model_id: backend.model_id(),
         stats,
+        stopped,
     })
+}
+
+/// Gives prompts their values: from this run's earlier rounds, the run directory or the
+/// backend, in batches, storing each batch the moment it is computed.
+struct Evaluator<'a> {
+    model: &'a BackendModel<'a>,
+    value_fn: &'a dyn ValueFunction,
+    store: Option<&'a RunStore>,
+    run_key: &'a str,
+    /// What the run directory held when the run began.
+    stored: HashMap<String, Evaluation>,
+    /// Values this run has so far, by prompt key.
+    known: HashMap<String, f64>,
+    batch_size: usize,
+    bar: ProgressBar,
+    stats: RunStats,
+    backend: &'a Backend,
+    stats_before: &'a BackendStats,
+    started: Instant,
+}
+
+impl Evaluator<'_> {
+    /// One value per prompt, in order.
+    fn values(&mut self, prompts: &[ConversationSnapshot]) -> Result<Vec<f64>> {
+        let keys: Vec<String> = prompts.iter().map(prompt_key).collect();
+        let new: Vec<(&ConversationSnapshot, &String)> = prompts
+            .iter()
+            .zip(&keys)
+            .filter(|(_, key)| !self.known.contains_key(*key))
+            .collect();
+        self.bar.inc_length(new.len() as u64);
+        for batch in new.chunks(self.batch_size) {
+            self.evaluate_batch(batch)?;
+        }
+        Ok(keys.iter().map(|key| self.known[key]).collect())
+    }
+
+    fn evaluate_batch(&mut self, batch: &[(&ConversationSnapshot, &String)]) -> Result<()> {
+        let missing: Vec<ConversationSnapshot> = batch
+            .iter()
+            .filter(|(_, key)| !self.stored.contains_key(*key))
+            .map(|(prompt, _)| (*prompt).clone())
+            .collect();
+        // A batch the run directory holds whole never reaches the backend (nor loads its model).
+        let batched = if missing.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.value_fn.evaluate_batch(self.model, &missing)
+        };
+        // A failed batch keeps what it can: its prompts run one at a time, each stored as it
+        // comes, up to the one that fails (whose own error is then the run's).
+        let (model, value_fn) = (self.model, self.value_fn);
+        let mut fresh: Box<dyn Iterator<Item = std::result::Result<_, _>>> = match batched {
+            Ok(values) => Box::new(values.into_iter().map(Ok)),
+            Err(_) => Box::new(missing.iter().map(|p| value_fn.evaluate(model, p))),
+        };
+        for &(prompt, key) in batch {
+            let evaluation = match self.stored.get(key) {
+                Some(e) => {
+                    self.stats.reused_from_run_dir += 1;
+                    *e
+                }
+                None => {
+                    let e = fresh
+                        .next()
+                        .ok_or_else(|| crate::explain::ExplainError::Model {
+                            what: "a batch of coalitions".into(),
+                            message: "fewer values came back than prompts were sent".into(),
+                        })??;
+                    if let Some(store) = self.store {
+                        store.put(self.run_key, prompt, &e)?;
+                    }
+                    self.stats.evaluated += 1;
+                    self.stats.prompt_tokens_computed +=
+                        e.prompt_tokens - e.cached_prompt_tokens.min(e.prompt_tokens);
+                    self.stats.prompt_tokens_reused += e.cached_prompt_tokens;
+                    e
+                }
+            };
+            if !evaluation.value.is_finite() {
+                return Err(crate::explain::ExplainError::Model {
+                    what: "a coalition".into(),
+                    message: format!("its value is {} (not a finite number)", evaluation.value),
+                }
+                .into());
+            }
+            self.known.insert(key.clone(), evaluation.value);
+            self.bar.inc(1);
+        }
+        let rate = self.bar.position() as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        self.bar.set_message(format!(
+            "{rate:.1}/s  {}",
+            hit_rate(self.stats_before, &self.backend.stats())
+        ));
+        Ok(())
+    }
+}
+
+/// Explains with `plan` (made from the settings, so refused settings fail before any model
+/// call). With a stopping rule, in rounds of growing budget (see [`crate::explain::stopping`]),
+/// each round's prompts valued by `values`; it returns the job and explanation of the round the
+/// run ended with. `reanalyze` replays the same rounds from the run directory.
+pub(crate) fn in_rounds(
+    players: Players,
+    plan: Plan,
+    settings: &ExplanationConfig,
+    mut values: impl FnMut(&[ConversationSnapshot]) -> Result<Vec<f64>>,
+) -> Result<(Job, Explanation, Option<Stopped>)> {
+    let stopping = settings.stopping();
+    let mut explain = |plan: Plan| -> Result<(Job, Explanation)> {
+        let job = job(players.clone(), plan, settings);
+        let explanation = job.finish(&values(job.prompts())?);
+        Ok((job, explanation))
+    };
+    if !stopping.is_on() {
+        let (job, explanation) = explain(plan)?;
+        return Ok((job, explanation, None));
+    }
+    let budgets = stopping.rounds(settings.budget);
+    let of_rounds = budgets.len();
+    let stopped = |budget, rounds, reason| Stopped {
+        budget,
+        rounds,
+        of_rounds,
+        reason,
+    };
+    let mut previous: Option<Explanation> = None;
+    for (round, &budget) in budgets[..of_rounds - 1].iter().enumerate() {
+        let estimator = EstimatorSettings {
+            budget,
+            ..settings.estimator_settings()
+        };
+        // A budget too small for the estimator (a singular kernel): on to the next round.
+        let Ok(small) = Plan::new(players.len(), &estimator) else {
+            continue;
+        };
+        let (job, explanation) = explain(small)?;
+        if let Some(reason) = stopping.reason(previous.as_ref(), &explanation) {
+            return Ok((
+                job,
+                explanation,
+                Some(stopped(budget, round + 1, Some(reason))),
+            ));
+        }
+        previous = Some(explanation);
+    }
+    let (job, explanation) = explain(plan)?;
+    let reason = stopping.reason(previous.as_ref(), &explanation);
+    Ok((
+        job,
+        explanation,
+        Some(stopped(settings.budget, of_rounds, reason)),
+    ))
 }
 
 /// The answer to explain: given, stored in the run directory, or generated (and stored).
@@ -348,11 +463,12 @@ fn base_answer(
     Ok((answer, ReplySource::Generated))
 }
 
-fn progress_bar(len: u64, wanted: bool) -> ProgressBar {
+/// A bar whose length grows as rounds add prompts.
+fn progress_bar(wanted: bool) -> ProgressBar {
     if !wanted || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
     let style =
         ProgressStyle::with_template("{bar:32.cyan/blue} {pos}/{len} coalitions  {msg}  ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar());

@@ -6,6 +6,8 @@
 //! the same run key and prompt key that run stores it by. All there: the outcome is the one a
 //! normal run would report, with every value counted as taken from the run directory. Any
 //! missing: an error naming how many, so a normal run (which computes only those) can follow.
+//! A stopping rule's rounds are replayed through the same [`crate::explain_run::in_rounds`], so
+//! they end where the run ended.
 //!
 //! **Invariant:** no backend is opened; the plugin is only looked up for its name, which is
 //! part of the run key.
@@ -15,10 +17,10 @@ use std::time::Instant;
 
 use lmhost_plugin_api::ConversationSnapshot;
 
-use crate::config::Config;
+use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
 use crate::explain::{BaseAnswer, EstimatorKind, Plan, Players, ValueKind};
-use crate::explain_run::{job, run_key, setup_key, Outcome, ReplySource, RunStats};
+use crate::explain_run::{in_rounds, run_key, setup_key, Outcome, ReplySource, RunStats};
 use crate::run_store::{digest, prompt_key, RunStore};
 use crate::{plugins, Host};
 
@@ -86,45 +88,32 @@ pub fn run(
     };
     let run_key = run_key(&setup_key, &settings, &base);
 
-    let job = job(players, plan, &settings);
     let stored = store.load(&run_key)?;
-    let needed = job.prompts().len();
-    let mut values = Vec::with_capacity(needed);
-    let mut missing = 0;
-    for prompt in job.prompts() {
-        match stored.get(&prompt_key(prompt)) {
-            Some(e) => values.push(e.value),
-            None => missing += 1,
+    let mut needed = 0;
+    let (job, explanation, stopped) = in_rounds(players, plan, &settings, |prompts| {
+        needed = prompts.len();
+        let values: Vec<f64> = prompts
+            .iter()
+            .filter_map(|p| stored.get(&prompt_key(p)).map(|e| e.value))
+            .collect();
+        let missing = needed - values.len();
+        if missing > 0 {
+            return Err(fail(missing_message(
+                &settings,
+                missing,
+                needed,
+                stored.is_empty(),
+            )));
         }
-    }
-    if missing > 0 {
-        let why = if stored.is_empty() {
-            " (it holds no value for this answer and value function: was it written with \
-             another model, generation settings, value or --reply?)"
-        } else {
-            ""
-        };
-        let sampled = match settings.estimator {
-            EstimatorKind::Exact | EstimatorKind::Loo => String::new(),
-            _ => format!(", budget {}, seed {}", settings.budget, settings.seed),
-        };
-        return Err(fail(format!(
-            "{missing} of {needed} coalitions that `{}` ({}{sampled}) needs are not in \
-             it{why}; run without --reanalyze to compute only the missing ones (the {} there \
-             are reused)",
-            settings.estimator,
-            settings.estimand,
-            needed - missing
-        )));
-    }
-    if let Some(v) = values.iter().find(|v| !v.is_finite()) {
-        return Err(crate::explain::ExplainError::Model {
-            what: "a coalition".into(),
-            message: format!("its stored value is {v} (not a finite number)"),
+        if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+            return Err(crate::explain::ExplainError::Model {
+                what: "a coalition".into(),
+                message: format!("its stored value is {v} (not a finite number)"),
+            }
+            .into());
         }
-        .into());
-    }
-    let explanation = job.finish(&values);
+        Ok(values)
+    })?;
     Ok(Outcome {
         explanation,
         players: job.players().clone(),
@@ -134,6 +123,7 @@ pub fn run(
         plugin,
         // The backend is not opened: the model is named as the config names it.
         model_id: config.backend.model_id.clone(),
+        stopped,
         stats: RunStats {
             reused_from_run_dir: needed,
             kv_cache_enabled: config.explanation.kv_cache,
@@ -141,4 +131,31 @@ pub fn run(
             ..RunStats::default()
         },
     })
+}
+
+/// Why the run directory cannot answer: how many of the coalitions are missing, and what to do.
+fn missing_message(
+    settings: &ExplanationConfig,
+    missing: usize,
+    needed: usize,
+    nothing_stored: bool,
+) -> String {
+    let why = if nothing_stored {
+        " (it holds no value for this answer and value function: was it written with \
+         another model, generation settings, value or --reply?)"
+    } else {
+        ""
+    };
+    let sampled = match settings.estimator {
+        EstimatorKind::Exact | EstimatorKind::Loo => String::new(),
+        _ => format!(", budget {}, seed {}", settings.budget, settings.seed),
+    };
+    format!(
+        "{missing} of {needed} coalitions that `{}` ({}{sampled}) needs are not in \
+         it{why}; run without --reanalyze to compute only the missing ones (the {} there \
+         are reused)",
+        settings.estimator,
+        settings.estimand,
+        needed - missing
+    )
 }

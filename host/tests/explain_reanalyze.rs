@@ -1,5 +1,6 @@
 //! `lmhost explain --reanalyze` through the real binary and the mock plugin: attributions from a
-//! run directory's values alone, equal to a normal run's, or an error naming what is missing.
+//! run directory's values alone, equal to a normal run's, or an error naming what is missing;
+//! and runs that stop early, which reanalysis replays.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -186,4 +187,65 @@ fn reanalyze_needs_an_existing_run_directory() {
         "{stderr}"
     );
     assert!(!empty.exists(), "no directory is created");
+}
+
+#[test]
+fn a_run_that_settles_early_equals_a_run_of_the_budget_it_stopped_at_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let run_dir = dir.path().join("run");
+    let run = ["--run-dir", run_dir.to_str().unwrap()];
+    let sampled = ["--estimator", "kernel", "--seed", "3", "--holdout", "0"];
+    let stopping = ["--budget", "800", "--settle-top", "2"];
+    let early = explain_json(
+        &cfg,
+        dir.path(),
+        "early",
+        &[&run[..], &sampled[..], &stopping[..]].concat(),
+    );
+    let stopped = &early["stopped"];
+    assert_eq!(stopped["of_rounds"], 4);
+    assert_eq!(stopped["reason"]["rule"], "settled", "{stopped}");
+    let rounds = stopped["rounds"].as_u64().unwrap();
+    assert!((2..4).contains(&rounds), "{stopped}");
+    let budget = stopped["budget"].as_u64().unwrap();
+    assert_eq!(budget, 800 >> (4 - rounds));
+    // It evaluated only what the budget it stopped at plans: the same explanation as a run of
+    // that budget without a rule.
+    let planned = early["coalitions"]["unique_prompts"].as_u64().unwrap();
+    assert_eq!(early["coalitions"]["evaluated"].as_u64(), Some(planned));
+    let plain = explain_json(
+        &cfg,
+        dir.path(),
+        "plain",
+        &[&sampled[..], &["--budget", &budget.to_string()]].concat(),
+    );
+    assert_eq!(field(&early, "value"), field(&plain, "value"));
+    assert_eq!(plain["stopped"], Value::Null);
+
+    // Reanalysis replays the rounds from the run directory to the same stop.
+    let replayed = explain_json(
+        &cfg,
+        dir.path(),
+        "replayed",
+        &[&run[..], &sampled[..], &stopping[..], &["--reanalyze"]].concat(),
+    );
+    assert_eq!(&replayed["stopped"], stopped);
+    assert_eq!(field(&replayed, "value"), field(&early, "value"));
+    assert_eq!(replayed["coalitions"]["evaluated"], 0);
+
+    // A target every estimate meets stops after the first round.
+    let loose = explain_json(
+        &cfg,
+        dir.path(),
+        "loose",
+        &[&sampled[..], &["--budget", "800", "--target-se", "1e9"]].concat(),
+    );
+    assert_eq!(loose["stopped"]["rounds"], 1);
+    assert_eq!(loose["stopped"]["reason"]["rule"], "target_se");
+
+    // Exact has nothing to stop.
+    let output = explain(&cfg, &["--settle-top", "2"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("`exact` evaluates a fixed set"));
 }

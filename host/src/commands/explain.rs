@@ -58,7 +58,7 @@ pub struct Args {
     #[arg(long)]
     value_mean: bool,
 
-    /// exact, permutation, antithetic, msr, loo or kernel.
+    /// exact, permutation, antithetic, msr, loo, kernel or lasso.
     #[arg(long, value_name = "ESTIMATOR")]
     estimator: Option<EstimatorKind>,
 
@@ -77,6 +77,15 @@ pub struct Args {
     /// Random coalitions a sampled run also evaluates to score its attribution (0: off).
     #[arg(long, value_name = "N")]
     holdout: Option<usize>,
+
+    /// End a sampled run early, in rounds of doubling budget, once every standard error is at
+    /// most this.
+    #[arg(long, value_name = "SE")]
+    target_se: Option<f64>,
+
+    /// End a sampled run early once the top K players keep their order between two rounds.
+    #[arg(long, value_name = "K")]
+    settle_top: Option<usize>,
 
     /// `exact` refuses more players than this.
     #[arg(long, value_name = "N")]
@@ -142,9 +151,13 @@ impl Args {
             budget,
             seed,
             holdout,
+            settle_top,
             max_exact_players,
             batch_size
         );
+        if self.target_se.is_some() {
+            e.target_se = self.target_se;
+        }
         e.value_mean |= self.value_mean;
         e.kv_cache &= !self.no_kv_cache;
         e.sort_prompts &= !self.no_sort;

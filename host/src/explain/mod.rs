@@ -22,6 +22,7 @@ pub mod estimators;
 pub mod players;
 pub mod schedule;
 pub mod settings;
+pub mod stopping;
 pub mod trust;
 pub mod value;
 
@@ -34,6 +35,7 @@ pub use estimators::{Estimates, EstimatorSettings, Plan};
 pub use players::{Player, PlayerSpec, Players};
 pub use schedule::Schedule;
 pub use settings::{Absence, AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
+pub use stopping::{StopReason, Stopped, Stopping};
 pub use trust::Trust;
 pub use value::{BaseAnswer, Evaluation, Model, Need, ValueFunction};
 

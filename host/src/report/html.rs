@@ -163,6 +163,13 @@ pub fn render(outcome: &Outcome) -> String {
             escape(&super::table::trust_line(trust))
         );
     }
+    if let Some(stopped) = &outcome.stopped {
+        let _ = writeln!(
+            h,
+            "<p class=\"meta\" id=\"stopped\">{}</p>",
+            escape(&super::table::stopped_line(stopped))
+        );
+    }
     let st = &outcome.stats;
     let _ = writeln!(
         h,

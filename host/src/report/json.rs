@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::config::ExplanationConfig;
-use crate::explain::{Attribution, Efficiency, Trust};
+use crate::explain::{Attribution, Efficiency, Stopped, Trust};
 use crate::explain_run::{Outcome, ReplySource, RunStats};
 
 #[derive(Debug, Serialize)]
@@ -21,6 +21,8 @@ pub struct Document<'a> {
     pub efficiency: Option<Efficiency>,
     /// How well the attribution predicts held-out coalitions; null for exact or `holdout = 0`.
     pub trust: Option<&'a Trust>,
+    /// How a run with a stopping rule went; null without one.
+    pub stopped: Option<Stopped>,
     pub coalitions: Coalitions,
     pub tokens: Tokens,
     pub kv_cache: KvCache,
@@ -98,6 +100,7 @@ pub fn document(outcome: &Outcome) -> Document<'_> {
         v_none: e.v_none,
         efficiency: e.efficiency,
         trust: e.trust.as_ref(),
+        stopped: outcome.stopped,
         coalitions: Coalitions {
             planned: e.coalitions,
             unique_prompts: e.unique_prompts,

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::{fit, number, one_line};
-use crate::explain::{Trust, ValueKind};
+use crate::explain::{StopReason, Stopped, Trust, ValueKind};
 use crate::explain_run::Outcome;
 
 /// Total width of a table row.
@@ -96,6 +96,9 @@ pub fn render(outcome: &Outcome) -> String {
     if let Some(trust) = &e.trust {
         let _ = writeln!(out, "{}", one_line(&trust_line(trust), WIDTH));
     }
+    if let Some(stopped) = &outcome.stopped {
+        let _ = writeln!(out, "{}", one_line(&stopped_line(stopped), WIDTH));
+    }
     let st = &outcome.stats;
     let _ = writeln!(
         out,
@@ -128,6 +131,26 @@ pub fn trust_line(t: &Trust) -> String {
             figure(r_squared),
             note.map_or(String::new(), |n| format!(" ({n})"))
         ),
+    }
+}
+
+/// "stopped after round 2 of 4 (budget 250): top 3 unchanged since the previous round", or
+/// that the whole budget was spent.
+pub fn stopped_line(s: &Stopped) -> String {
+    let head = format!(
+        "round {} of {} (budget {})",
+        s.rounds, s.of_rounds, s.budget
+    );
+    match s.reason {
+        Some(StopReason::Settled { top }) => {
+            format!("stopped after {head}: top {top} unchanged since the previous round")
+        }
+        Some(StopReason::TargetSe { max_se, target }) => format!(
+            "stopped after {head}: every standard error ≤ {} (largest {})",
+            number(target),
+            number(max_se)
+        ),
+        None => format!("spent the whole budget in {head}: no stopping rule held"),
     }
 }
 
@@ -181,6 +204,27 @@ mod tests {
             trust_line(&t).ends_with("Spearman (LDS) -, R² -6.000 (the predictions are all equal)")
         );
         assert!(trust_line(&t).chars().count() <= WIDTH);
+    }
+
+    #[test]
+    fn stopped_lines_say_which_rule_held() {
+        let mut s = Stopped {
+            budget: 250,
+            rounds: 2,
+            of_rounds: 4,
+            reason: Some(StopReason::Settled { top: 3 }),
+        };
+        assert_eq!(
+            stopped_line(&s),
+            "stopped after round 2 of 4 (budget 250): top 3 unchanged since the previous round"
+        );
+        s.reason = Some(StopReason::TargetSe {
+            max_se: 0.04,
+            target: 0.05,
+        });
+        assert!(stopped_line(&s).contains("every standard error ≤ 0.05000 (largest 0.04000)"));
+        s.reason = None;
+        assert!(stopped_line(&s).starts_with("spent the whole budget"));
     }
 
     #[test]

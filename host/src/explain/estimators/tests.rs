@@ -386,3 +386,28 @@ fn lasso_refuses_too_small_a_budget_naming_it() {
         "{err}"
     );
 }
+
+#[test]
+fn a_smaller_budget_plans_a_prefix_of_a_larger_ones_coalitions() {
+    // Early stopping evaluates budget/8, /4, /2, budget in turn and relies on this to
+    // evaluate no coalition that the whole budget would not.
+    for (kind, estimand) in [
+        (EstimatorKind::Permutation, Estimand::Shapley),
+        (EstimatorKind::Antithetic, Estimand::Shapley),
+        (EstimatorKind::Kernel, Estimand::Shapley),
+        (EstimatorKind::Lasso, Estimand::Shapley),
+        (EstimatorKind::Msr, Estimand::Banzhaf),
+    ] {
+        let large = Plan::new(12, &sampling(kind, estimand, 800)).unwrap();
+        for budget in [100, 200, 400] {
+            let small = Plan::new(12, &sampling(kind, estimand, budget)).unwrap();
+            let k = small.coalitions().len();
+            assert!(k < large.coalitions().len(), "{kind} at {budget}");
+            assert_eq!(
+                small.coalitions(),
+                &large.coalitions()[..k],
+                "{kind} at {budget}"
+            );
+        }
+    }
+}
