@@ -10,9 +10,9 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Tensor};
 use lmhost_plugin_api::abi_stable::std_types::{ROption, RString, RVec};
 use lmhost_plugin_api::{
     Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord, OptionKind, OptionSpec,
@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use crate::models::whisper::model::CrossKv;
 use crate::models::whisper::{self, Loaded};
+use crate::options::Settings;
 use crate::processor::WhisperProcessor;
 
 /// Encoded audios kept (each 30 s window of tiny.en is about 18 MB of keys and values).
@@ -43,6 +44,42 @@ pub fn options() -> Vec<OptionSpec> {
 type AudioKey = (u64, usize);
 /// A static and a contextual embedding.
 type Embeddings = (ROption<RVec<f32>>, ROption<RVec<f32>>);
+
+/// The speech kind of the backend: a Whisper model with its processor, loaded on first use,
+/// one call at a time.
+pub struct SpeechModel {
+    model_id: String,
+    /// `[backend.options]`, read when the model loads.
+    options: Map<String, Value>,
+    backend: Mutex<Option<AudioBackend>>,
+}
+
+impl SpeechModel {
+    pub fn new(model_id: String, options: Map<String, Value>) -> Self {
+        SpeechModel {
+            model_id,
+            options,
+            backend: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on the model, loading it first if needed.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&mut AudioBackend) -> Result<T, PluginError>,
+    ) -> Result<T, PluginError> {
+        let mut slot = self.backend.lock().map_err(crate::poisoned)?;
+        let backend = match &mut *slot {
+            Some(backend) => backend,
+            empty => empty.insert(AudioBackend::load(
+                &self.model_id,
+                Path::new(&self.model_id),
+                &self.options,
+            )?),
+        };
+        f(backend)
+    }
+}
 
 /// An audio-capable model with its processor.
 pub struct AudioBackend {
@@ -71,8 +108,10 @@ impl AudioBackend {
             .get("max_audio_seconds")
             .and_then(Value::as_u64)
             .unwrap_or(DEFAULT_MAX_AUDIO_SECONDS);
-        let device = Device::cuda_if_available(0).unwrap_or(Device::Cpu);
-        let loaded = whisper::load(dir, &device)?;
+        // `device` and `dtype` as the text path reads them; `threads` is the caller's pool.
+        let settings = Settings::parse(options)?;
+        let device = settings.device()?;
+        let loaded = whisper::load(dir, &device, settings.dtype_on(&device)?)?;
         let processor = WhisperProcessor::new(loaded.model.config.num_mel_bins, max_seconds as f64);
         Ok(AudioBackend {
             model_id: model_id.to_string(),
@@ -249,7 +288,9 @@ impl AudioBackend {
         let model = &self.loaded.model;
         let all: Vec<u32> = per_window.iter().flatten().copied().collect();
         let mean = |t: Tensor| -> candle_core::Result<ROption<RVec<f32>>> {
-            Ok(ROption::RSome(RVec::from(t.mean(0)?.to_vec1::<f32>()?)))
+            Ok(ROption::RSome(RVec::from(
+                t.to_dtype(DType::F32)?.mean(0)?.to_vec1::<f32>()?,
+            )))
         };
         let embedding = mean(model.decoder.embed(&all)?)?;
         let mut hidden = Vec::new();

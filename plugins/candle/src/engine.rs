@@ -23,7 +23,7 @@ use lmhost_plugin_kit::prompt::PromptFormat;
 
 use crate::kv::KvState;
 use crate::models::{mean_rows, Forward, Logits, Seq};
-use crate::prefix_cache::common_prefix;
+use crate::prefix_cache::{common_prefix, PrefixStore};
 use crate::sampling::{log_softmax, Rng, Sampler};
 use crate::source::Loaded;
 
@@ -38,15 +38,6 @@ const PASS_TOKENS: usize = 2048;
 /// differently, so a short pass is padded with throwaway copies of its last token (after it:
 /// they cannot influence it) whose state and logits are dropped.
 pub const MIN_ROWS: usize = 8;
-
-/// Where prefix states are kept between calls (the prefix cache implements this).
-pub trait PrefixStore: Send {
-    /// The longest stored prefix of `tokens` (at most `tokens.len() - 1`), cropped to it, if it
-    /// is longer than `shared`: the positions the caller can already take from an earlier
-    /// prompt of its batch. Counts one lookup that reused the longer of the two.
-    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)>;
-    fn store(&mut self, tokens: &[u32], state: KvState);
-}
 
 /// A token sequence to run: a prompt, then what follows it (a reply being scored).
 struct Item {

@@ -1,60 +1,51 @@
-//! `candle`: local causal language models on Hugging Face's candle.
+//! `candle`: local causal language models and Whisper on Hugging Face's candle.
 //!
-//! The backend loads its model lazily (first call, once, under a lock), then serves calls from
-//! many threads at once: weights are shared and immutable, each call has its own KV state. The
-//! optional prefix cache is the one piece of shared mutable state, behind its own lock.
+//! The backend is one of two kinds of model, each its own type: a [`text_model::TextModel`]
+//! (causal LM, prefix cache) or an [`audio_backend::SpeechModel`] (Whisper and its processor).
+//! Either loads lazily (first call, once, under a lock); every call runs in the backend's
+//! thread pool.
 
 pub mod attention;
 pub mod audio_backend;
 pub mod engine;
 pub mod kv;
+pub mod memory;
 pub mod models;
 pub mod options;
 pub mod prefix_cache;
 pub mod processor;
 pub mod sampling;
 pub mod source;
+pub mod text_model;
 pub mod weights;
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::DType;
-
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, KvCacheSettings, Logger, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
     TokenizeRecord,
 };
 
-use crate::audio_backend::AudioBackend;
-use crate::engine::{Engine, PrefixStore};
-use crate::models::llama::BuildOptions;
+use crate::audio_backend::{AudioBackend, SpeechModel};
+use crate::engine::Engine;
 use crate::options::Settings;
-use crate::prefix_cache::PrefixCache;
+use crate::text_model::TextModel;
 
 pub struct Candle {
     model_id: String,
-    settings: Settings,
-    logger: Logger,
+    /// Every call runs here: option `threads`.
     pool: rayon::ThreadPool,
-    engine: Mutex<Option<Arc<Engine>>>,
-    cache: Mutex<CacheState>,
-    /// `Some` when the model is a speech model (the processor path, see `audio_backend`).
-    speech: Option<Speech>,
+    model: Model,
+    /// Token counts over the backend's life (the prefix cache adds its own counters).
+    counted: Mutex<BackendStats>,
 }
 
-/// The processor path: loaded on first use, one call at a time.
-struct Speech {
-    options: lmhost_plugin_api::serde_json::Map<String, lmhost_plugin_api::serde_json::Value>,
-    backend: Mutex<Option<AudioBackend>>,
-}
-
-#[derive(Default)]
-struct CacheState {
-    /// The prefix cache when `[kv_cache]` turns it on; `None` runs without one.
-    store: Option<PrefixCache>,
-    stats: BackendStats,
-    warned_half: bool,
+/// What the checkpoint is: each kind of model is its own type.
+#[allow(clippy::large_enum_variant)] // one per backend: boxing would save nothing
+enum Model {
+    Text(TextModel),
+    Speech(SpeechModel),
 }
 
 impl Backend for Candle {
@@ -69,28 +60,30 @@ impl Backend for Candle {
         let options = context.options()?;
         let settings = Settings::parse(&options)?;
         let model_id = context.model_id.to_string();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(settings.threads)
+            .build()
+            .map_err(|e| PluginError::config(format!("option `threads`: {e}")))?;
         // `model_class` decides; `auto` asks the checkpoint (config.json or model.bin).
         let speech = match settings.model_class.as_deref() {
             Some("whisper") => true,
             Some(_) => false,
             None => models::whisper::detect(std::path::Path::new(&model_id)),
-        }
-        .then(|| Speech {
-            options,
-            backend: Mutex::new(None),
-        });
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(settings.threads)
-            .build()
-            .map_err(|e| PluginError::config(format!("option `threads`: {e}")))?;
+        };
+        let model = if speech {
+            Model::Speech(SpeechModel::new(model_id.clone(), options))
+        } else {
+            Model::Text(TextModel::new(
+                model_id.clone(),
+                settings,
+                context.logger.clone(),
+            ))
+        };
         Ok(Candle {
             model_id,
-            speech,
-            settings,
-            logger: context.logger.clone(),
             pool,
-            engine: Mutex::new(None),
-            cache: Mutex::default(),
+            model,
+            counted: Mutex::default(),
         })
     }
 
@@ -99,13 +92,15 @@ impl Backend for Candle {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            returns_logprobs: true,
-            scores_continuations: true,
-            audio_input: self.speech.is_some(),
-            // Audio prompts are not token prefixes: a speech model never uses the cache.
-            prefix_cache: self.speech.is_none(),
-            embeddings: true,
+        match self.model {
+            Model::Speech(_) => AudioBackend::capabilities(),
+            Model::Text(_) => Capabilities {
+                returns_logprobs: true,
+                scores_continuations: true,
+                audio_input: false,
+                prefix_cache: true,
+                embeddings: true,
+            },
         }
     }
 
@@ -115,15 +110,9 @@ impl Backend for Candle {
         config: &GenerationConfig,
     ) -> Result<GenerationRecord, PluginError> {
         config.validate()?;
-        if let Some(record) = self.speech(|audio| audio.generate(snapshot, config))? {
-            self.count(record.prompt_tokens, 0, record.token_ids.len());
-            return Ok(record);
-        }
-        self.refuse_audio(snapshot)?;
-        let engine = self.engine()?;
-        let record = self.with_store(|store| {
-            self.pool
-                .install(|| engine.generate(snapshot, config, store))
+        let record = self.pool.install(|| match &self.model {
+            Model::Text(text) => text.generate(snapshot, config),
+            Model::Speech(speech) => speech.with(|audio| audio.generate(snapshot, config)),
         })?;
         self.count(
             record.prompt_tokens,
@@ -143,7 +132,7 @@ impl Backend for Candle {
             .ok_or_else(|| PluginError::internal("no score record"))
     }
 
-    /// Text prompts run in packed passes (see [`engine`]); a speech model scores one at a time.
+    /// A text model runs the prompts in packed passes; a speech model scores one at a time.
     fn score_batch(
         &self,
         snapshots: &[ConversationSnapshot],
@@ -152,23 +141,14 @@ impl Backend for Candle {
         if snapshots.is_empty() {
             return Ok(Vec::new()); // without loading the model
         }
-        if self.speech.is_some() {
-            let mut records = Vec::with_capacity(snapshots.len());
-            for snapshot in snapshots {
-                if let Some(record) = self.speech(|audio| audio.score(snapshot, reply))? {
-                    self.count(record.prompt_tokens, 0, 0);
-                    records.push(record);
-                }
-            }
-            return Ok(records);
-        }
-        snapshots
-            .iter()
-            .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
-        let engine = self.engine()?;
-        let records = self.with_store(|store| {
-            self.pool
-                .install(|| engine.score_batch(snapshots, reply, store))
+        let records = self.pool.install(|| match &self.model {
+            Model::Text(text) => text.score_batch(snapshots, reply),
+            Model::Speech(speech) => speech.with(|audio| {
+                snapshots
+                    .iter()
+                    .map(|snapshot| audio.score(snapshot, reply))
+                    .collect()
+            }),
         })?;
         for record in &records {
             self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
@@ -181,179 +161,58 @@ impl Backend for Candle {
         snapshot: &ConversationSnapshot,
         add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
-        self.refuse_speech("tokenize")?;
-        self.refuse_audio(snapshot)?;
-        self.engine()?.tokenize(snapshot, add_special)
+        let text = self.text("tokenize")?;
+        self.pool.install(|| text.tokenize(snapshot, add_special))
     }
 
     fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
-        self.refuse_speech("detokenize")?;
-        let engine = self.engine()?;
-        let vocab = engine.loaded.tokenizer.vocab_size();
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(PluginError::invalid_input(format!(
-                "token id {id} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
-        engine.decode(ids, false)
+        let text = self.text("detokenize")?;
+        self.pool.install(|| text.detokenize(ids))
     }
 
+    /// Also starts the token counts afresh. Audio prompts are not token prefixes: a speech
+    /// model has no cache to set.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
-        let mut cache = self.cache.lock().map_err(poisoned)?;
-        let warned_half = cache.warned_half;
-        *cache = CacheState {
-            warned_half,
-            ..CacheState::default()
-        };
-        if settings.enabled {
-            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
-            cache.store = Some(PrefixCache::new(max_entries, settings.max_bytes));
-            self.warn_half_precision_cache(&mut cache);
+        *self.counted.lock().map_err(poisoned)? = BackendStats::default();
+        match &self.model {
+            Model::Text(text) => text.set_kv_cache(settings),
+            Model::Speech(_) => Ok(()),
         }
-        Ok(())
     }
 
     fn stats(&self) -> BackendStats {
-        self.cache
-            .lock()
-            .map(|c| match c.store.as_ref().map(PrefixCache::stats) {
-                // The cache's own counters: a test can hold them against the records.
-                Some(cached) => BackendStats {
-                    kv_cache_hits: cached.hits,
-                    kv_cache_misses: cached.misses,
-                    kv_cache_reused_tokens: cached.reused_tokens,
-                    kv_cache_evictions: cached.evictions,
-                    kv_cache_bytes: cached.bytes,
-                    ..c.stats
-                },
-                None => c.stats,
-            })
-            .unwrap_or_default()
+        let counted = self.counted.lock().map(|c| *c).unwrap_or_default();
+        match &self.model {
+            Model::Text(text) => text.stats(counted),
+            Model::Speech(_) => counted,
+        }
     }
 }
 
 impl Candle {
-    /// Runs `f` on the speech model when this backend is one (loading it on first use), else
-    /// returns `None`. Audio prompts never reach the prefix cache: they are not token prefixes.
-    fn speech<T: Send>(
-        &self,
-        f: impl FnOnce(&mut AudioBackend) -> Result<T, PluginError> + Send,
-    ) -> Result<Option<T>, PluginError> {
-        let Some(speech) = &self.speech else {
-            return Ok(None);
-        };
-        let mut slot = speech.backend.lock().map_err(poisoned)?;
-        if slot.is_none() {
-            let dir = std::path::Path::new(&self.model_id);
-            *slot = Some(AudioBackend::load(&self.model_id, dir, &speech.options)?);
-        }
-        match slot.as_mut() {
-            Some(audio) => self.pool.install(|| f(audio)).map(Some),
-            None => Err(PluginError::internal("speech model missing after loading")),
-        }
+    /// The text model's engine, loading the model on first use; refused for a speech model.
+    pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
+        let text = self.text("a text engine")?;
+        self.pool.install(|| text.engine())
     }
 
-    /// What the speech path does not offer is refused, naming the model.
-    fn refuse_speech(&self, what: &str) -> Result<(), PluginError> {
-        if self.speech.is_some() {
-            return Err(PluginError::unsupported(format!(
+    /// The text model, or an error naming what a speech model does not offer.
+    fn text(&self, what: &str) -> Result<&TextModel, PluginError> {
+        match &self.model {
+            Model::Text(text) => Ok(text),
+            Model::Speech(_) => Err(PluginError::unsupported(format!(
                 "`{}` is a speech model; {what} is offered for text models",
                 self.model_id
-            )));
+            ))),
         }
-        Ok(())
-    }
-
-    /// Audio sent to the causal-LM path is refused, naming the model.
-    fn refuse_audio(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
-        if snapshot.has_audio() {
-            return Err(PluginError::invalid_input(format!(
-                "audio snapshots need an audio model; `{}` loaded as a text-only causal \
-                 language model (set `model_class = \"whisper\"` for a Whisper checkpoint)",
-                self.model_id
-            )));
-        }
-        Ok(())
-    }
-
-    /// The engine, loading the model on first use (once: the lock is held while loading).
-    pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
-        let mut slot = self.engine.lock().map_err(poisoned)?;
-        if let Some(engine) = slot.as_ref() {
-            return Ok(engine.clone());
-        }
-        let engine = Arc::new(self.pool.install(|| self.load())?);
-        *slot = Some(engine.clone());
-        Ok(engine)
-    }
-
-    fn load(&self) -> Result<Engine, PluginError> {
-        let s = &self.settings;
-        let device = s.device()?;
-        let dtype = s.dtype_on(&device)?;
-        let attention = attention::resolve(&s.attn_implementation).map_err(PluginError::config)?;
-        let build = BuildOptions {
-            dtype,
-            device,
-            format: s.weights,
-            attention,
-            max_context: if s.max_context == 0 {
-                usize::MAX
-            } else {
-                s.max_context
-            },
-        };
-        let loaded = source::load(&self.model_id, &s.revision, s.model_class.as_deref(), build)?;
-        Engine::new(
-            loaded,
-            s.max_context,
-            s.chat_template.as_deref(),
-            &self.model_id,
-        )
-    }
-
-    /// Runs `f` with the prefix store, if one is on. The store lock is held for the call, so
-    /// cached calls run one at a time; uncached calls run concurrently.
-    fn with_store<T>(
-        &self,
-        f: impl FnOnce(Option<&mut dyn PrefixStore>) -> Result<T, PluginError>,
-    ) -> Result<T, PluginError> {
-        let mut cache = self.cache.lock().map_err(poisoned)?;
-        if cache.store.is_none() {
-            drop(cache);
-            return f(None);
-        }
-        match cache.store.as_mut() {
-            Some(store) => {
-                let store: &mut dyn PrefixStore = store;
-                f(Some(store))
-            }
-            None => f(None),
-        }
-    }
-
-    /// Warns once that half-precision prefixes round differently from one forward pass (the
-    /// cached path runs a prompt in several passes), and that float32 gives identical results.
-    fn warn_half_precision_cache(&self, cache: &mut CacheState) {
-        let s = &self.settings;
-        let Ok(dtype) = s.device().and_then(|device| s.dtype_on(&device)) else {
-            return; // loading reports a device the build lacks
-        };
-        if cache.warned_half || !matches!(dtype, DType::F16 | DType::BF16) {
-            return;
-        }
-        cache.warned_half = true;
-        self.logger.warn(&format!(
-            "kv_cache with {dtype:?} compute: cached prefixes round differently from one forward \
-             pass, so greedy outputs and logprobs can differ slightly from kv_cache off; set \
-             `dtype = \"float32\"` in [backend.options] for identical results"
-        ));
     }
 
     fn count(&self, prompt: u32, cached: u32, generated: usize) {
-        if let Ok(mut cache) = self.cache.lock() {
-            let on = cache.store.is_some();
-            let stats = &mut cache.stats;
+        let on = match &self.model {
+            Model::Text(text) => text.caching(),
+            Model::Speech(_) => false,
+        };
+        if let Ok(mut stats) = self.counted.lock() {
             stats.prompt_tokens += u64::from(prompt);
             stats.generated_tokens += generated as u64;
             stats.kv_cache_reused_tokens += u64::from(cached);
@@ -363,7 +222,7 @@ impl Candle {
     }
 }
 
-fn poisoned<T>(_: T) -> PluginError {
+pub(crate) fn poisoned<T>(_: T) -> PluginError {
     PluginError::internal("candle backend lock poisoned by an earlier panic")
 }
 

@@ -7,6 +7,7 @@ use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{OptionKind, OptionSpec, PluginError};
 
 use crate::attention;
+use crate::memory::MemoryBudget;
 use crate::models::llama::ARCHITECTURES;
 use crate::weights::WeightFormat;
 
@@ -17,6 +18,7 @@ pub struct Settings {
     pub device: String,
     pub revision: String,
     pub weights: WeightFormat,
+    pub memory_budget: MemoryBudget,
     pub attn_implementation: String,
     pub model_class: Option<String>,
     /// 0 = all cores.
@@ -54,8 +56,20 @@ pub fn specs() -> Vec<OptionSpec> {
             "weights",
             WeightFormat::CHOICES,
             "auto",
-            "Linear-layer format: auto (quantized GGUF on CPU: f32; else as stored), as_stored, \
-             f32, q8_0, q4_0, mixed (f32 prefill + Q8_0 decode).",
+            "Linear-layer format: auto (quantized GGUF on CPU: the first that fits \
+             `memory_budget` of f32, as_stored, compact; as stored elsewhere), as_stored \
+             (candle's kernels; on CPU they add a repacked copy of Q4_0/Q4_K/Q5_K/Q6_K/Q8_0 \
+             matrices for fast prefill), compact (as stored, no repacked copy: decode as fast, \
+             prefill slower), f32, q8_0, q4_0, mixed (f32 prefill + Q8_0 decode).",
+        ),
+        OptionSpec::new(
+            "memory_budget",
+            OptionKind::String,
+            json!("auto"),
+            "Most memory the weights may take: bytes, or a size such as \"8GiB\" or \"1.5GB\"; \
+             auto: half of MemAvailable on CPU (4 GiB where /proc/meminfo is absent), no limit \
+             on an accelerator. A model whose weights do not fit in the chosen format is \
+             refused, naming what it needs.",
         ),
         OptionSpec::new(
             "attn_implementation",
@@ -119,6 +133,13 @@ impl Settings {
                 WeightFormat::CHOICES.join(", ")
             ))
         })?;
+        let budget = string(options, "memory_budget", "auto");
+        let memory_budget = MemoryBudget::parse(&budget).ok_or_else(|| {
+            PluginError::config(format!(
+                "option `memory_budget` must be {}. Given: {budget:?}",
+                MemoryBudget::EXPECTED
+            ))
+        })?;
         let attn = string(options, "attn_implementation", "eager");
         attention::resolve(&attn).map_err(PluginError::config)?;
         let model_class = Some(string(options, "model_class", "auto")).filter(|c| c != "auto");
@@ -127,6 +148,7 @@ impl Settings {
             device: string(options, "device", "auto"),
             revision: string(options, "revision", "main"),
             weights,
+            memory_budget,
             attn_implementation: attn,
             model_class,
             threads: integer(options, "threads"),
@@ -201,6 +223,19 @@ mod tests {
         assert_eq!(s.dtype_on(&Device::Cpu).unwrap(), DType::F32);
         assert_eq!(s.weights, WeightFormat::Auto);
         assert_eq!(s.attn_implementation, "eager");
+    }
+
+    #[test]
+    fn memory_budget_is_a_size_or_auto() {
+        assert_eq!(parse(json!({})).unwrap().memory_budget, MemoryBudget::Auto);
+        let s = parse(json!({"memory_budget": "2GiB"})).unwrap();
+        assert_eq!(s.memory_budget, MemoryBudget::Bytes(2 << 30));
+        let err = parse(json!({"memory_budget": "lots"})).unwrap_err();
+        assert_eq!(err.kind, lmhost_plugin_api::ErrorKind::Config);
+        assert!(
+            err.message.contains("memory_budget") && err.message.contains("8GiB"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -27,8 +27,17 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::engine::PrefixStore;
 use crate::kv::KvState;
+
+/// Where prefix states are kept between calls: the engine asks through this, [`PrefixCache`]
+/// is one, and a test may bring another.
+pub trait PrefixStore: Send {
+    /// The longest stored prefix of `tokens` (at most `tokens.len() - 1`), cropped to it, if it
+    /// is longer than `shared`: the positions the caller can already take from an earlier
+    /// prompt of its batch. Counts one lookup that reused the longer of the two.
+    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)>;
+    fn store(&mut self, tokens: &[u32], state: KvState);
+}
 
 /// Counters and sizes of a [`PrefixCache`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

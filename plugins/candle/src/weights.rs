@@ -2,15 +2,30 @@
 //!
 //! candle's CPU kernel for Q4_1 (the SmolLM2 GGUF's format) is slow, while f32 GEMM is fast for
 //! many rows (prefill) and Q8_0 is fast for one row (decode). So a linear layer may hold two
-//! copies converted at load time, one per phase, chosen by option `weights`.
+//! copies converted at load time, one per phase, chosen by option `weights` (with `auto` fitted
+//! to option `memory_budget` by `crate::memory`).
+//!
+//! On x86 and aarch64 CPUs candle's quantized matmul keeps a second, repacked copy of Q4_K and
+//! Q6_K matrices (and of Q8_0 on VNNI x86 CPUs, Q4_0 and Q5_K on aarch64), made on first use:
+//! prefill of many rows runs 4-6x faster, but a Q4_K model takes about 2.3x its file size.
+//! `compact` runs the stored blocks through candle's unpacked kernels instead: decode as fast,
+//! no second copy.
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Module, Result, Tensor};
+use std::sync::Arc;
 
-/// A tensor as a checkpoint stores it.
+use candle_core::quantized::k_quants::{
+    self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0,
+};
+use candle_core::quantized::{GgmlDType, GgmlType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Result, Tensor};
+
+/// A tensor as a checkpoint stores it. Cloning shares the data (a tied embedding is both the
+/// input table and the output layer).
+#[derive(Clone)]
 pub enum Weight {
     Dense(Tensor),
-    Quantized(QTensor),
+    Quantized(Arc<QTensor>),
 }
 
 impl Weight {
@@ -21,10 +36,10 @@ impl Weight {
         }
     }
 
-    pub fn is_cpu(&self) -> bool {
+    pub fn device(&self) -> Device {
         match self {
-            Weight::Dense(t) => t.device().is_cpu(),
-            Weight::Quantized(q) => q.device().is_cpu(),
+            Weight::Dense(t) => t.device().clone(),
+            Weight::Quantized(q) => q.device(),
         }
     }
 
@@ -40,15 +55,17 @@ impl Weight {
 /// Option `weights`: which format(s) linear layers compute in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
-    /// Quantized checkpoints on CPU: dense f32 (candle's quantized CPU kernels quantize the
-    /// activations too, which moves SmolLM2's logits by up to ~1.4 and changes its greedy answers);
-    /// the stored format elsewhere.
+    /// Quantized checkpoints on CPU in f32: dense f32 when that fits option `memory_budget`
+    /// (candle's quantized CPU kernels quantize the activations too, which moves SmolLM2's logits
+    /// by up to ~1.4 and changes its greedy answers), else as stored; the stored format elsewhere.
     Auto,
     /// Dense in the compute dtype for prefill, Q8_0 for decode: fastest decode, but generate's
     /// logprobs then differ from score's by the Q8_0 error.
     Mixed,
-    /// As the checkpoint stores them (quantized stays quantized).
+    /// As the checkpoint stores them (quantized stays quantized), through candle's kernels.
     AsStored,
+    /// As stored, quantized matrices on CPU through candle's unpacked kernels (no repacked copy).
+    Compact,
     /// Dense in the compute dtype.
     Dense,
     /// Requantized to Q8_0.
@@ -58,19 +75,46 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    pub const CHOICES: &'static [&'static str] =
-        &["auto", "as_stored", "f32", "q8_0", "q4_0", "mixed"];
+    pub const CHOICES: &'static [&'static str] = &[
+        "auto",
+        "as_stored",
+        "compact",
+        "f32",
+        "q8_0",
+        "q4_0",
+        "mixed",
+    ];
 
     pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
             "auto" => WeightFormat::Auto,
             "as_stored" => WeightFormat::AsStored,
+            "compact" => WeightFormat::Compact,
             "f32" | "dense" => WeightFormat::Dense,
             "q8_0" => WeightFormat::Q8_0,
             "q4_0" => WeightFormat::Q4_0,
             "mixed" => WeightFormat::Mixed,
             _ => return None,
         })
+    }
+
+    /// Whether `auto` turns quantized weights dense: on CPU in f32, where dense GEMM is fast and
+    /// exact.
+    pub fn auto_dense(dtype: DType, device: &Device) -> bool {
+        dtype == DType::F32 && device.is_cpu()
+    }
+
+    /// The option's spelling, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::Auto => "auto",
+            WeightFormat::AsStored => "as_stored",
+            WeightFormat::Compact => "compact",
+            WeightFormat::Dense => "f32",
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4_0 => "q4_0",
+            WeightFormat::Mixed => "mixed",
+        }
     }
 }
 
@@ -80,18 +124,108 @@ const PREFILL_ROWS: usize = 4;
 /// A linear layer `y = x Wᵀ (+ b)` with an optional second copy of W for decoding.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    prefill: QMatMul,
-    decode: Option<QMatMul>,
+    prefill: Kernel,
+    decode: Option<Kernel>,
     bias: Option<Tensor>,
 }
 
-fn requantize(w: &Weight, to: GgmlDType) -> Result<QMatMul> {
+/// How a layer multiplies by its weight.
+#[derive(Debug, Clone)]
+enum Kernel {
+    Candle(QMatMul),
+    /// A quantized CPU matrix and candle's unpacked kernel for its type ([`compact_matmul`]).
+    Compact(Arc<QTensor>, BlockMatmul),
+}
+
+impl Kernel {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Kernel::Candle(w) => w.forward(x),
+            Kernel::Compact(w, kernel) => compact_matmul(w, *kernel, x),
+        }
+    }
+}
+
+/// `dst = lhs · blocksᵀ` over a matrix's stored bytes, `(m, k, n)`.
+type BlockMatmul = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]) -> Result<()>;
+
+/// candle's unpacked kernel for `dtype` (none for float types, which compute dense).
+fn compact_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
+    Some(match dtype {
+        GgmlDType::Q4_0 => matmul_blocks::<BlockQ4_0>,
+        GgmlDType::Q4_1 => matmul_blocks::<BlockQ4_1>,
+        GgmlDType::Q5_0 => matmul_blocks::<BlockQ5_0>,
+        GgmlDType::Q5_1 => matmul_blocks::<BlockQ5_1>,
+        GgmlDType::Q8_0 => matmul_blocks::<BlockQ8_0>,
+        GgmlDType::Q2K => matmul_blocks::<BlockQ2K>,
+        GgmlDType::Q3K => matmul_blocks::<BlockQ3K>,
+        GgmlDType::Q4K => matmul_blocks::<BlockQ4K>,
+        GgmlDType::Q5K => matmul_blocks::<BlockQ5K>,
+        GgmlDType::Q6K => matmul_blocks::<BlockQ6K>,
+        _ => return None,
+    })
+}
+
+fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
     let dense = w.dense(DType::F32)?;
     // Rows that do not fit the block size stay dense.
     if dense.dim(candle_core::D::Minus1)? % to.block_size() != 0 {
-        return Ok(QMatMul::Tensor(dense));
+        return Ok(Kernel::Candle(QMatMul::Tensor(dense)));
     }
-    QMatMul::from_qtensor(QTensor::quantize(&dense, to)?)
+    QMatMul::from_qtensor(QTensor::quantize(&dense, to)?).map(Kernel::Candle)
+}
+
+/// `x Wᵀ` for a quantized CPU matrix `w`, `(n, k)`, through candle's unpacked kernels
+/// (`k_quants::matmul`: activations quantized to 8 bits per block, as `QMatMul` does), reading
+/// the stored blocks in place.
+fn compact_matmul(w: &QTensor, kernel: BlockMatmul, x: &Tensor) -> Result<Tensor> {
+    let (n, k) = w.shape().dims2()?;
+    if x.dim(candle_core::D::Minus1)? != k {
+        candle_core::bail!(
+            "compact matmul: input {:?} for a ({n}, {k}) weight",
+            x.dims()
+        );
+    }
+    let m = x.elem_count() / k;
+    let lhs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut dst = vec![0f32; m * n];
+    kernel(&w.data()?, (m, k, n), &lhs, &mut dst)?;
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    Tensor::from_vec(dst, dims, x.device())
+}
+
+fn matmul_blocks<T: GgmlType>(
+    data: &[u8],
+    (m, k, n): (usize, usize, usize),
+    lhs: &[f32],
+    dst: &mut [f32],
+) -> Result<()> {
+    let size = std::mem::size_of::<T>();
+    let whole = data.len() == n * (k / T::BLCK_SIZE) * size && k % T::BLCK_SIZE == 0;
+    if !whole || data.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+        candle_core::bail!(
+            "compact matmul: {} bytes are not a ({n}, {k}) {:?} matrix",
+            data.len(),
+            T::DTYPE
+        );
+    }
+    // SAFETY: candle keeps a CPU QTensor as a Vec of its block type (plain structs of integers
+    // and f16, any bit pattern valid) and `data` borrows that Vec's bytes: aligned, whole blocks,
+    // and as many as the shape needs (all checked above).
+    let blocks =
+        unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), data.len() / size) };
+    k_quants::matmul((m, k, n), lhs, blocks, dst)
+}
+
+/// `w` as stored, through candle's kernels (a dense weight in `dtype`).
+fn stored(w: Weight, dtype: DType) -> Result<Kernel> {
+    Ok(Kernel::Candle(match w {
+        Weight::Dense(t) => QMatMul::Tensor(t.to_dtype(dtype)?),
+        Weight::Quantized(q) => QMatMul::from_arc(q)?,
+    }))
 }
 
 impl Linear {
@@ -102,15 +236,21 @@ impl Linear {
         format: WeightFormat,
         dtype: DType,
     ) -> Result<Self> {
-        let dense = |w: &Weight| w.dense(dtype).map(QMatMul::Tensor);
-        let quantized = matches!(w, Weight::Quantized(_)) && dtype == DType::F32;
+        let dense = |w: &Weight| w.dense(dtype).map(|t| Kernel::Candle(QMatMul::Tensor(t)));
+        let quantized = matches!(w, Weight::Quantized(_));
         let (prefill, decode) = match format {
-            WeightFormat::Auto if quantized && w.is_cpu() => (dense(&w)?, None),
+            WeightFormat::Auto if quantized && WeightFormat::auto_dense(dtype, &w.device()) => {
+                (dense(&w)?, None)
+            }
             WeightFormat::Mixed => (dense(&w)?, Some(requantize(&w, GgmlDType::Q8_0)?)),
-            WeightFormat::Auto | WeightFormat::AsStored => match w {
-                Weight::Dense(t) => (QMatMul::Tensor(t.to_dtype(dtype)?), None),
-                Weight::Quantized(q) => (QMatMul::from_qtensor(q)?, None),
+            WeightFormat::Compact => match w {
+                Weight::Quantized(q) if q.device().is_cpu() => match compact_kernel(q.dtype()) {
+                    Some(kernel) => (Kernel::Compact(q, kernel), None),
+                    None => (stored(Weight::Quantized(q), dtype)?, None),
+                },
+                w => (stored(w, dtype)?, None),
             },
+            WeightFormat::Auto | WeightFormat::AsStored => (stored(w, dtype)?, None),
             WeightFormat::Dense => (dense(&w)?, None),
             WeightFormat::Q8_0 => (requantize(&w, GgmlDType::Q8_0)?, None),
             WeightFormat::Q4_0 => (requantize(&w, GgmlDType::Q4_0)?, None),
@@ -133,6 +273,45 @@ impl Linear {
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
+        }
+    }
+}
+
+/// A token-embedding table. A quantized table on CPU stays as stored and dequantizes only the
+/// rows looked up (the values a dense copy would hold), so a 7B model's table costs its size in
+/// the file, not four bytes a value.
+pub struct Embedding {
+    table: Table,
+    dtype: DType,
+}
+
+enum Table {
+    Dense(Tensor),
+    Quantized(Arc<QTensor>),
+}
+
+impl Embedding {
+    /// The table of `w`, looked up in `dtype`.
+    pub fn new(w: &Weight, dtype: DType) -> Result<Self> {
+        let table = match w {
+            Weight::Quantized(q) if q.device().is_cpu() => Table::Quantized(q.clone()),
+            w => Table::Dense(w.dense(dtype)?),
+        };
+        Ok(Embedding { table, dtype })
+    }
+
+    /// The rows of `ids` (a vector of u32), `(ids, hidden)` in the compute dtype.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        match &self.table {
+            Table::Dense(t) => t.index_select(ids, 0),
+            Table::Quantized(q) => q.embedding(ids)?.to_dtype(self.dtype),
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        match &self.table {
+            Table::Dense(t) => t.device().clone(),
+            Table::Quantized(q) => q.device(),
         }
     }
 }

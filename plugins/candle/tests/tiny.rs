@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use candle_core::DType;
-use common::{backend, write_gguf, write_safetensors};
+use common::{backend, max_diff, write_gguf, write_safetensors};
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
@@ -27,15 +27,6 @@ fn greedy(n: u32) -> GenerationConfig {
 fn load_error(model: &Path, options: lmhost_plugin_api::serde_json::Value) -> PluginError {
     let b = backend(model, options);
     b.generate(&prompt(), &greedy(2)).unwrap_err()
-}
-
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn logits(b: &Candle, text: &str) -> Vec<Vec<f32>> {
@@ -321,7 +312,7 @@ struct LastPrompt {
     lookups: usize,
 }
 
-impl lmhost_candle::engine::PrefixStore for LastPrompt {
+impl lmhost_candle::prefix_cache::PrefixStore for LastPrompt {
     fn lookup(
         &mut self,
         tokens: &[u32],
@@ -418,96 +409,8 @@ fn qwen2_loads_its_qkv_biases_and_they_matter() {
 /// one that takes its prefix from an earlier sequence of the pass, and one from scratch.
 #[test]
 fn a_packed_pass_matches_each_sequence_run_alone() {
-    use lmhost_candle::models::{Logits, Seq};
     let dir = tempfile::tempdir().unwrap();
     let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
     let b = backend(&path, json!({"weights": "f32"}));
-    let engine = b.engine().unwrap();
-    let model = &engine.loaded.model;
-    let a: Vec<u32> = (3..40).collect();
-    let mut b_ids = a[..20].to_vec();
-    b_ids.extend(60..75);
-    let c: Vec<u32> = (80..92).collect();
-    let alone = |ids: &[u32]| {
-        let mut kv = model.new_state();
-        let out = model.forward(ids, &mut kv, Logits::All, false).unwrap();
-        out.logits.unwrap().to_vec2::<f32>().unwrap()
-    };
-    let (ref_a, ref_b, ref_c) = (alone(&a), alone(&b_ids), alone(&c));
-
-    // `a` resumes from a state holding its first 9 positions; `b` shares 20 with `a`.
-    let mut kv_a = model.new_state();
-    model
-        .forward(&a[..9], &mut kv_a, Logits::None, false)
-        .unwrap();
-    let (mut kv_b, mut kv_c) = (model.new_state(), model.new_state());
-    let mut seqs = [
-        Seq {
-            ids: &a[9..],
-            kv: &mut kv_a,
-            share: None,
-            logits_from: 0,
-        },
-        Seq {
-            ids: &b_ids[20..],
-            kv: &mut kv_b,
-            share: Some((0, 20)),
-            logits_from: 0,
-        },
-        Seq {
-            ids: &c,
-            kv: &mut kv_c,
-            share: None,
-            logits_from: 4,
-        },
-    ];
-    let (logits, _) = model.forward_packed(&mut seqs, false).unwrap();
-    let rows = |i: usize| logits[i].as_ref().unwrap().to_vec2::<f32>().unwrap();
-    assert!(max_diff(&rows(0), &ref_a[9..]) <= 1e-5);
-    assert!(max_diff(&rows(1), &ref_b[20..]) <= 1e-5);
-    assert!(max_diff(&rows(2), &ref_c[4..]) <= 1e-5);
-    assert_eq!(
-        (kv_a.len(), kv_b.len(), kv_c.len()),
-        (a.len(), b_ids.len(), c.len())
-    );
-
-    // A share must point back, at positions that sequence holds, into an empty state.
-    let mut kv_d = model.new_state();
-    let err = model
-        .forward_packed(
-            &mut [Seq {
-                ids: &c,
-                kv: &mut kv_d,
-                share: Some((0, 3)),
-                logits_from: 0,
-            }],
-            false,
-        )
-        .unwrap_err();
-    assert!(err.to_string().contains("cannot take 3 positions"), "{err}");
-
-    // Any sequence past the context is refused, not only the last one.
-    let too_long: Vec<u32> = (0..=model.max_context() as u32)
-        .map(|i| 3 + i % 50)
-        .collect();
-    let (mut kv_e, mut kv_f) = (model.new_state(), model.new_state());
-    let mut seqs = [
-        Seq {
-            ids: &too_long,
-            kv: &mut kv_e,
-            share: None,
-            logits_from: too_long.len(),
-        },
-        Seq {
-            ids: &c,
-            kv: &mut kv_f,
-            share: None,
-            logits_from: 0,
-        },
-    ];
-    let err = model.forward_packed(&mut seqs, false).unwrap_err();
-    assert!(
-        err.to_string().contains("past the model's context"),
-        "{err}"
-    );
+    common::check_packed_pass(b.engine().unwrap().loaded.model.as_ref());
 }

@@ -5,7 +5,12 @@
 //! caller can snapshot, crop and resume it. Weights are immutable after loading, so one model
 //! serves many threads at once, each with its own state.
 
+pub mod decoder;
+pub mod gemma3;
 pub mod llama;
+pub mod phi3;
+pub mod qwen3;
+pub mod rope;
 pub mod whisper;
 
 use candle_core::{Result, Tensor};
@@ -154,4 +159,57 @@ pub fn cat_rows(parts: &[Tensor]) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     Tensor::cat(parts, 0).map(Some)
+}
+
+/// Each sequence's start position, after checking that every share points at an earlier
+/// sequence, covers only positions that sequence will hold, and lands in an empty state.
+pub fn check_shares(seqs: &[Seq<'_>]) -> Result<Vec<usize>> {
+    let starts: Vec<usize> = seqs.iter().map(Seq::start).collect();
+    for (j, seq) in seqs.iter().enumerate() {
+        if seq.ids.is_empty() {
+            candle_core::bail!("sequence {j} of a packed pass has no ids");
+        }
+        if let Some((i, n)) = seq.share {
+            if i >= j || n > starts[i] + seqs[i].ids.len() || !seq.kv.is_empty() {
+                candle_core::bail!("sequence {j} cannot take {n} positions from sequence {i}");
+            }
+        }
+    }
+    Ok(starts)
+}
+
+/// Each sequence's logits (f32) for the rows it asked for: those rows of `states`, the final
+/// hidden states of a packed pass, go through the output layer `head` together.
+pub fn packed_logits(
+    seqs: &[Seq<'_>],
+    states: &Tensor,
+    head: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Vec<Option<Tensor>>> {
+    let mut wanted = Vec::new();
+    let mut row = 0;
+    for seq in seqs {
+        let n = seq.ids.len();
+        let from = seq.logits_from.min(n);
+        if from < n {
+            wanted.push(states.narrow(0, row + from, n - from)?);
+        }
+        row += n;
+    }
+    let logits = match cat_rows(&wanted)? {
+        Some(rows) => Some(head(&rows)?.to_dtype(candle_core::DType::F32)?),
+        None => None,
+    };
+    let mut at = 0;
+    seqs.iter()
+        .map(|seq| {
+            let count = seq.ids.len() - seq.logits_from.min(seq.ids.len());
+            match &logits {
+                Some(all) if count > 0 => {
+                    at += count;
+                    all.narrow(0, at - count, count).map(Some)
+                }
+                _ => Ok(None),
+            }
+        })
+        .collect()
 }

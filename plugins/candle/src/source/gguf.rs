@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
@@ -13,7 +14,11 @@ use lmhost_plugin_kit::template::ChatTemplate;
 use lmhost_plugin_kit::tokenizer::TextTokenizer;
 
 use super::Loaded;
-use crate::models::llama::{BuildOptions, Llama, LlamaConfig};
+use crate::memory::WeightBytes;
+use crate::models::decoder::Decoder;
+use crate::models::gemma3::{self, Gemma3, Gemma3Config};
+use crate::models::llama::{BuildOptions, LlamaConfig};
+use crate::models::CausalLm;
 use crate::weights::{check_shape, Weight, WeightSource};
 
 /// GGUF tensor names for the Hugging Face names the models ask for.
@@ -34,11 +39,18 @@ fn gguf_name(hf: &str) -> String {
         ("self_attn.k_proj", "attn_k"),
         ("self_attn.v_proj", "attn_v"),
         ("self_attn.o_proj", "attn_output"),
+        ("self_attn.qkv_proj", "attn_qkv"),
+        ("self_attn.q_norm", "attn_q_norm"),
+        ("self_attn.k_norm", "attn_k_norm"),
         ("mlp.gate_proj", "ffn_gate"),
         ("mlp.up_proj", "ffn_up"),
+        // Phi-3: gate and up in one matrix, which llama.cpp calls `ffn_up`.
+        ("mlp.gate_up_proj", "ffn_up"),
         ("mlp.down_proj", "ffn_down"),
         ("input_layernorm", "attn_norm"),
         ("post_attention_layernorm", "ffn_norm"),
+        ("pre_feedforward_layernorm", "ffn_norm"),
+        ("post_feedforward_layernorm", "post_ffw_norm"),
     ]
     .iter()
     .find_map(|(from, to)| {
@@ -50,14 +62,29 @@ fn gguf_name(hf: &str) -> String {
 }
 
 struct GgufSource {
+    /// `general.architecture`.
+    arch: String,
     content: Content,
     reader: BufReader<File>,
     device: Device,
 }
 
+impl GgufSource {
+    /// The GGUF name of `hf` in this file. Gemma's `post_attention_layernorm` follows attention
+    /// (llama.cpp's `post_attention_norm`); Llama's precedes the MLP (`ffn_norm`).
+    fn name(&self, hf: &str) -> String {
+        match self.arch.as_str() {
+            gemma3::ARCHITECTURE => {
+                gguf_name(&hf.replace("post_attention_layernorm", "post_attention_norm"))
+            }
+            _ => gguf_name(hf),
+        }
+    }
+}
+
 impl WeightSource for GgufSource {
     fn get(&mut self, name: &str, shape: &[usize]) -> Result<Weight, String> {
-        let gname = gguf_name(name);
+        let gname = self.name(name);
         if !self.content.tensor_infos.contains_key(&gname) {
             return Err(format!("tensor `{gname}` ({name}) is missing"));
         }
@@ -65,11 +92,11 @@ impl WeightSource for GgufSource {
             .content
             .tensor(&mut self.reader, &gname, &self.device)
             .map_err(|e| format!("tensor `{gname}` cannot be read: {e}"))?;
-        check_shape(&gname, Weight::Quantized(q), shape)
+        check_shape(&gname, Weight::Quantized(Arc::new(q)), shape)
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(&gguf_name(name))
+        self.content.tensor_infos.contains_key(&self.name(name))
     }
 }
 
@@ -87,49 +114,94 @@ fn meta_f64(meta: &HashMap<String, Value>, key: &str) -> Option<f64> {
     meta.get(key).and_then(|v| v.to_f32().ok()).map(f64::from)
 }
 
+/// `general.architecture`.
+fn architecture(meta: &HashMap<String, Value>) -> Result<String, String> {
+    meta.get("general.architecture")
+        .and_then(|v| v.to_string().ok())
+        .cloned()
+        .ok_or_else(|| "metadata `general.architecture` is missing".into())
+}
+
+/// The architectures [`load`] runs, for the error that refuses another.
+fn supported() -> String {
+    let mut names = crate::models::llama::ARCHITECTURES.to_vec();
+    names.push(gemma3::ARCHITECTURE);
+    names.join(", ")
+}
+
+/// The config of each family this file loads.
+enum Config {
+    Llama(LlamaConfig),
+    Gemma3(Gemma3Config),
+}
+
 /// The Llama-family config from `{arch}.*` metadata.
 fn config(
     meta: &HashMap<String, Value>,
     vocab: usize,
     has_output: bool,
 ) -> Result<LlamaConfig, String> {
-    let arch = meta
-        .get("general.architecture")
-        .and_then(|v| v.to_string().ok())
-        .cloned()
-        .ok_or("metadata `general.architecture` is missing")?;
+    let arch = architecture(meta)?;
     if !crate::models::llama::ARCHITECTURES.contains(&arch.as_str()) {
         return Err(format!(
             "unknown architecture {arch:?}; supported: {}",
-            crate::models::llama::ARCHITECTURES.join(", ")
+            supported()
         ));
     }
     let key = |k: &str| format!("{arch}.{k}");
     let heads = meta_usize(meta, &key("attention.head_count"))?;
     let hidden = meta_usize(meta, &key("embedding_length"))?;
+    // llama.cpp: head size `attention.key_length` (default hidden / heads); RoPE rotates
+    // `rope.dimension_count` of it.
+    let head_dim = meta_usize(meta, &key("attention.key_length")).ok();
+    let full = head_dim.unwrap_or(hidden / heads.max(1));
+    if let Ok(rotated) = meta_usize(meta, &key("rope.dimension_count")) {
+        if rotated != full {
+            return Err(format!(
+                "metadata `{}` is {rotated}, the head size is {full}: only RoPE over the whole \
+                 head is implemented",
+                key("rope.dimension_count")
+            ));
+        }
+    }
+    let scaling = key("rope.scaling.type");
+    match meta.get(&scaling).map(|v| v.to_string()) {
+        None => {}
+        Some(Ok(t)) if t == "none" => {}
+        Some(t) => {
+            return Err(format!(
+                "metadata `{scaling}` is {:?}: only unscaled RoPE and Llama 3's `rope_freqs` \
+                 factors are implemented",
+                t.map_or_else(|e| e.to_string(), Clone::clone)
+            ))
+        }
+    }
     Ok(LlamaConfig {
         hidden_size: hidden,
         intermediate_size: meta_usize(meta, &key("feed_forward_length"))?,
         num_hidden_layers: meta_usize(meta, &key("block_count"))?,
         num_attention_heads: heads,
         num_key_value_heads: meta_usize(meta, &key("attention.head_count_kv")).ok(),
-        head_dim: meta_usize(meta, &key("rope.dimension_count")).ok(),
+        head_dim,
         vocab_size: vocab,
         rope_theta: meta_f64(meta, &key("rope.freq_base")).unwrap_or(10_000.0),
         rms_norm_eps: meta_f64(meta, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         max_position_embeddings: meta_usize(meta, &key("context_length")).unwrap_or(4096),
         tie_word_embeddings: !has_output,
         attention_bias: false,
-        sliding_window: None,
+        sliding_window: meta_usize(meta, &key("attention.sliding_window")).ok(),
         use_sliding_window: None,
-        // llama.cpp permutes q/k rows for llama-style archs (interleaved RoPE); qwen2 keeps halves.
-        rope_interleaved: arch != "qwen2",
+        rope_scaling: None,
+        partial_rotary_factor: None,
+        // llama.cpp's converter permutes q/k rows of Llama-style archs (interleaved RoPE); Qwen
+        // and Phi-3 files keep halves (NEOX).
+        rope_interleaved: matches!(arch.as_str(), "llama" | "mistral" | "smollm"),
         model_type: arch,
     })
 }
 
 /// Loads a GGUF file; every error names what was wrong (the caller adds the path).
-pub fn load(path: &Path, build: BuildOptions) -> Result<Loaded, String> {
+pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let mut reader = BufReader::new(file);
     let content =
@@ -139,20 +211,124 @@ pub fn load(path: &Path, build: BuildOptions) -> Result<Loaded, String> {
     let tokenizer = TextTokenizer::from_gguf(&text_meta).map_err(|e| e.to_string())?;
     let vocab = tokenizer.vocab_size();
     let has_output = content.tensor_infos.contains_key("output.weight");
-    let cfg = config(meta, vocab, has_output)?;
+    let arch = architecture(meta)?;
+    let cfg = if arch == gemma3::ARCHITECTURE {
+        Config::Gemma3(gemma3_config(meta, vocab)?)
+    } else {
+        let mut cfg = config(meta, vocab, has_output)?;
+        // llama.cpp loads q/k/v biases wherever a file has them (`create_tensor_qkv`).
+        cfg.attention_bias = ["blk.0.attn_q.bias", "blk.0.attn_qkv.bias"]
+            .iter()
+            .any(|name| content.tensor_infos.contains_key(*name));
+        Config::Llama(cfg)
+    };
     let chat_template = chat_template(&text_meta, &tokenizer)?;
+    build.format = crate::memory::fit(&build, &weight_bytes(&content))?;
     let mut source = GgufSource {
+        arch,
         content,
         reader,
         device: build.device.clone(),
     };
-    let model = Llama::load(cfg, &mut source, build)?;
+    let model: Box<dyn CausalLm> = match cfg {
+        Config::Llama(cfg) => Box::new(Decoder::load(cfg, &mut source, build)?),
+        Config::Gemma3(cfg) => Box::new(Gemma3::load(cfg, &mut source, build)?),
+    };
     Ok(Loaded {
-        model: Box::new(model),
+        model,
         chat_template,
         eos_ids: tokenizer.eog_ids().to_vec(),
         tokenizer,
     })
+}
+
+/// The Gemma 3 config from `gemma3.*` metadata, read as llama.cpp's `llama_model_gemma3` reads
+/// it (defaults included).
+fn gemma3_config(meta: &HashMap<String, Value>, vocab: usize) -> Result<Gemma3Config, String> {
+    let key = |k: &str| format!("{}.{k}", gemma3::ARCHITECTURE);
+    let hidden = meta_usize(meta, &key("embedding_length"))?;
+    let heads = meta_usize(meta, &key("attention.head_count"))?;
+    let layers = meta_usize(meta, &key("block_count"))?;
+    let head_dim = meta_usize(meta, &key("attention.key_length")).unwrap_or(hidden / heads.max(1));
+    for other in ["attention.value_length", "rope.dimension_count"] {
+        if let Ok(n) = meta_usize(meta, &key(other)) {
+            if n != head_dim {
+                return Err(format!(
+                    "metadata `{}` is {n}, the head size is {head_dim}: only equal key, value \
+                     and rotated sizes are implemented",
+                    key(other)
+                ));
+            }
+        }
+    }
+    let factor = meta_f64(meta, &key("rope.scaling.factor"))
+        .or_else(|| meta_f64(meta, &key("rope.scale_linear")))
+        .filter(|&f| f != 0.0)
+        .unwrap_or(1.0);
+    let scaling = key("rope.scaling.type");
+    let factor = match meta.get(&scaling).map(|v| v.to_string()) {
+        None => factor,
+        Some(Ok(t)) if t == "linear" => factor,
+        // llama.cpp never scales under "none".
+        Some(Ok(t)) if t == "none" => 1.0,
+        Some(_) if factor == 1.0 => 1.0,
+        Some(t) => {
+            return Err(format!(
+                "metadata `{scaling}` is {:?}: only linear RoPE scaling is implemented",
+                t.map_or_else(|e| e.to_string(), Clone::clone)
+            ))
+        }
+    };
+    // Without a sliding window every layer is global (llama.cpp's LLAMA_SWA_TYPE_NONE).
+    let window = meta_usize(meta, &key("attention.sliding_window"))
+        .ok()
+        .filter(|&w| w > 0);
+    let pattern = key("attention.sliding_window_pattern");
+    let local_layers = match meta.get(&pattern) {
+        Some(Value::Array(flags)) => flags
+            .iter()
+            .map(Value::to_bool)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("metadata `{pattern}`: {e}"))?,
+        Some(_) => gemma3::local_layers(layers, meta_usize(meta, &pattern)?),
+        None => gemma3::local_layers(layers, gemma3::PATTERN),
+    };
+    let eps = key("attention.layer_norm_rms_epsilon");
+    Ok(Gemma3Config {
+        hidden_size: hidden,
+        intermediate_size: meta_usize(meta, &key("feed_forward_length"))?,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: meta_usize(meta, &key("attention.head_count_kv")).unwrap_or(heads),
+        head_dim,
+        vocab_size: vocab,
+        rope_theta: meta_f64(meta, &key("rope.freq_base")).unwrap_or(10_000.0),
+        rope_local_base_freq: meta_f64(meta, &key("rope.freq_base_swa"))
+            .unwrap_or(gemma3::LOCAL_ROPE_BASE),
+        rope_scaling_factor: factor,
+        rms_norm_eps: meta_f64(meta, &eps).ok_or_else(|| format!("metadata `{eps}` is missing"))?,
+        max_position_embeddings: meta_usize(meta, &key("context_length"))?,
+        sliding_window: window,
+        local_layers,
+        // GGUF files do not store it; llama.cpp uses head_dim, except for 27B (62 layers), whose
+        // config sets hidden / heads.
+        query_pre_attn_scalar: if layers == 62 {
+            (hidden / heads.max(1)) as f64
+        } else {
+            head_dim as f64
+        },
+        final_logit_softcapping: meta_f64(meta, &key("final_logit_softcapping"))
+            .filter(|&c| c > 0.0),
+    })
+}
+
+/// What the file's tensors take, from the tensor list alone.
+fn weight_bytes(content: &Content) -> WeightBytes {
+    let mut bytes = WeightBytes::default();
+    for info in content.tensor_infos.values() {
+        bytes.add(info.ggml_dtype, info.shape.elem_count());
+    }
+    bytes
 }
 
 /// `tokenizer.chat_template`, compiled, with the BOS and EOS strings it may print.
@@ -187,6 +363,10 @@ mod tests {
         assert_eq!(
             gguf_name("model.layers.12.post_attention_layernorm.weight"),
             "blk.12.ffn_norm.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.1.post_feedforward_layernorm.weight"),
+            "blk.1.post_ffw_norm.weight"
         );
         assert_eq!(gguf_name("model.embed_tokens.weight"), "token_embd.weight");
         assert_eq!(gguf_name("lm_head.weight"), "output.weight");

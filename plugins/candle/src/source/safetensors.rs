@@ -1,17 +1,20 @@
 //! Hugging Face checkpoints: `config.json`, `tokenizer.json`, `tokenizer_config.json` (chat
 //! template, special tokens) and safetensors weights, one file or shards listed in an index.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::safetensors::{Load, MmapedSafetensors};
+use candle_core::Device;
 use lmhost_plugin_kit::template::ChatTemplate;
 use lmhost_plugin_kit::tokenizer::TextTokenizer;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::Loaded;
-use crate::models::llama::{BuildOptions, Llama, LlamaConfig, ARCHITECTURES};
+use crate::memory::WeightBytes;
+use crate::models::decoder::Decoder;
+use crate::models::llama::{BuildOptions, LlamaConfig, ARCHITECTURES};
 use crate::weights::{check_shape, Weight, WeightSource};
 
 /// The files of a checkpoint, wherever they came from (a directory or the hub cache).
@@ -74,21 +77,59 @@ fn read(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// The shards, memory-mapped: a tensor is copied out of the map when the model asks for it, so
+/// loading holds one tensor in its stored dtype at a time, never a second copy of the files.
 struct SafetensorsSource {
-    tensors: HashMap<String, Tensor>,
+    files: MmapedSafetensors,
+    names: HashSet<String>,
+    device: Device,
+}
+
+impl SafetensorsSource {
+    fn open(paths: &[PathBuf], device: &Device) -> Result<Self, String> {
+        for path in paths {
+            if !path.is_file() {
+                return Err(format!("{}: no such file", path.display()));
+            }
+        }
+        // SAFETY: the maps are read-only and dropped once the model is built. As with every
+        // mmap reader, no other process may truncate or rewrite a shard while it loads (the
+        // reader checks offsets against the header, not against later changes to the file).
+        let files = unsafe { MmapedSafetensors::multi(paths) }
+            .map_err(|e| format!("not a readable safetensors file: {e}"))?;
+        let names = files.tensors().into_iter().map(|(name, _)| name).collect();
+        Ok(SafetensorsSource {
+            files,
+            names,
+            device: device.clone(),
+        })
+    }
+
+    /// What the shards' tensors take, from their headers alone.
+    fn weight_bytes(&self) -> WeightBytes {
+        let mut bytes = WeightBytes::default();
+        for (_, view) in self.files.tensors() {
+            bytes.add_dense(view.shape().iter().product());
+        }
+        bytes
+    }
 }
 
 impl WeightSource for SafetensorsSource {
     fn get(&mut self, name: &str, shape: &[usize]) -> Result<Weight, String> {
+        if !self.names.contains(name) {
+            return Err(format!("tensor `{name}` is missing"));
+        }
         let t = self
-            .tensors
-            .remove(name)
-            .ok_or_else(|| format!("tensor `{name}` is missing"))?;
+            .files
+            .get(name)
+            .and_then(|view| view.load(&self.device))
+            .map_err(|e| format!("tensor `{name}` cannot be read: {e}"))?;
         check_shape(name, Weight::Dense(t), shape)
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.names.contains(name)
     }
 }
 
@@ -119,7 +160,7 @@ fn eos_ids(config: &Value, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Ve
 pub fn load(
     files: &Files,
     model_class: Option<&str>,
-    build: BuildOptions,
+    mut build: BuildOptions,
 ) -> Result<Loaded, String> {
     let config_text = read(&files.config)?;
     let config_json: Value = serde_json::from_str(&config_text)
@@ -161,24 +202,13 @@ pub fn load(
         _ => None,
     };
     let tokenizer = TextTokenizer::from_hf(tokenizer, bos, eos.first().copied());
-    let tensors = load_tensors(&files.weights, &build.device)?;
-    let mut source = SafetensorsSource { tensors };
-    let model = Llama::load(cfg, &mut source, build)?;
+    let mut source = SafetensorsSource::open(&files.weights, &build.device)?;
+    build.format = crate::memory::fit(&build, &source.weight_bytes())?;
+    let model = Decoder::load(cfg, &mut source, build)?;
     Ok(Loaded {
         model: Box::new(model),
         tokenizer,
         chat_template,
         eos_ids: eos,
     })
-}
-
-fn load_tensors(paths: &[PathBuf], device: &Device) -> Result<HashMap<String, Tensor>, String> {
-    let mut all = HashMap::new();
-    for path in paths {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let tensors = candle_core::safetensors::load_buffer(&bytes, device)
-            .map_err(|e| format!("{}: not a readable safetensors file: {e}", path.display()))?;
-        all.extend(tensors);
-    }
-    Ok(all)
 }

@@ -32,8 +32,8 @@ pub fn encode(model: &Whisper, windows: &[Vec<f32>]) -> Result<Vec<CrossKv>> {
         .iter()
         .map(|mel| {
             let frames = mel.len() / n_mels.max(1);
-            let device = model.decoder_device();
-            let mel = Tensor::from_slice(mel, (1, n_mels, frames), &device)?;
+            let mel = Tensor::from_slice(mel, (1, n_mels, frames), &model.decoder.device())?
+                .to_dtype(model.decoder.dtype())?;
             model.decoder.cross_kv(&model.encoder.forward(&mel)?)
         })
         .collect()
@@ -115,10 +115,6 @@ fn choose(logits: &[f32], config: &GenerationConfig, rng: &mut Rng) -> u32 {
 }
 
 impl Whisper {
-    fn decoder_device(&self) -> candle_core::Device {
-        self.decoder.device()
-    }
-
     /// Raw logits of the last position of hidden states `(1, n, d)`.
     fn last_logits(&self, hidden: &Tensor) -> Result<Vec<f32>> {
         let n = hidden.dim(1)?;

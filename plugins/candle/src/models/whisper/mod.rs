@@ -136,8 +136,9 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, PluginError
 }
 
 /// Loads the Whisper checkpoint in `dir`: `model.bin` (CTranslate2) if present, else
-/// `model.safetensors` with `config.json` (Hugging Face); `tokenizer.json` in both cases.
-pub fn load(dir: &Path, device: &Device) -> Result<Loaded, PluginError> {
+/// `model.safetensors` with `config.json` (Hugging Face); `tokenizer.json` in both cases. The
+/// network computes in `dtype` on `device`.
+pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Loaded, PluginError> {
     let file = |name: &str| dir.join(name);
     let unavailable = |path: PathBuf, e: String| {
         PluginError::unavailable(format!("cannot load Whisper from {}: {e}", path.display()))
@@ -163,7 +164,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded, PluginError> {
             dir.display()
         )));
     };
-    let model = build(config, tensors, device)
+    let model = build(config, tensors, device, dtype)
         .map_err(|e| unavailable(dir.to_path_buf(), e.to_string()))?;
     let tokenizer = Tokenizer::from_file(file("tokenizer.json"))
         .map_err(|e| unavailable(file("tokenizer.json"), e.to_string()))?;
@@ -178,16 +179,13 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded, PluginError> {
     })
 }
 
-/// Builds the network from Hugging Face-named tensors (any float dtype; computed in f32).
+/// Builds the network from Hugging Face-named tensors of any float dtype, computing in `dtype`.
 pub fn build(
     config: Config,
     tensors: HashMap<String, Tensor>,
     device: &Device,
+    dtype: DType,
 ) -> candle_core::Result<Whisper> {
-    let tensors = tensors
-        .into_iter()
-        .map(|(name, t)| Ok((name, t.to_dtype(DType::F32)?)))
-        .collect::<candle_core::Result<HashMap<_, _>>>()?;
-    let vb = VarBuilder::from_tensors(tensors, DType::F32, device);
+    let vb = VarBuilder::from_tensors(tensors, dtype, device);
     Whisper::load(vb, config)
 }

@@ -236,6 +236,11 @@ impl Decoder {
         self.embed.device().clone()
     }
 
+    /// The compute dtype (option `dtype`); logits come out in f32 whatever it is.
+    pub fn dtype(&self) -> candle_core::DType {
+        self.embed.dtype()
+    }
+
     pub fn n_layers(&self) -> usize {
         self.layers.len()
     }
@@ -262,7 +267,9 @@ impl Decoder {
         let n = ids.len();
         let x = self.embed(ids)?.unsqueeze(0)?;
         let mut x = x.broadcast_add(&self.positions.narrow(0, offset, n)?)?;
-        let mask = causal_mask(n, offset, x.device())?;
+        let mask = causal_mask(n, offset, x.device())?
+            .map(|m| m.to_dtype(x.dtype()))
+            .transpose()?;
         for (i, (layer, (ck, cv))) in self.layers.iter().zip(&cross.0).enumerate() {
             let h = layer.attn_ln.forward(&x)?;
             let (k, v) = layer.attn.keys_values(&h)?;
@@ -275,9 +282,12 @@ impl Decoder {
         self.ln.forward(&x)
     }
 
-    /// Logits `(len, vocab)` of hidden states `(1, len, d)`.
+    /// Logits `(len, vocab)` in f32 of hidden states `(1, len, d)`.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        hidden.squeeze(0)?.matmul(&self.embed.t()?)
+        hidden
+            .squeeze(0)?
+            .matmul(&self.embed.t()?)?
+            .to_dtype(candle_core::DType::F32)
     }
 }
 

@@ -1,0 +1,342 @@
+//! The pre-norm decoder the Llama-shaped families share: RMSNorm, attention with RoPE, residual,
+//! RMSNorm, SiLU-gated MLP, residual; final RMSNorm and the output layer.
+//!
+//! The op order follows candle-transformers' `quantized_llama.rs` (logits agree with it to float
+//! precision on the same weights). Family files say only what differs, which tensors make up a
+//! block ([`BlockLoader`]): `llama.rs` (Llama 2/3.x, Mistral, Qwen2, SmolLM), `qwen3.rs`
+//! (per-head q/k norms), `phi3.rs` (fused q/k/v and gate/up matrices). So the packed pass
+//! (sequences sharing a prefix, each with its own KV state) is written once for all of them.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Result, Tensor};
+
+use super::llama::{BuildOptions, LlamaConfig};
+use super::rope::{Rope, RopeRows};
+use super::{check_shares, packed_logits, Seq};
+use crate::attention::{Attention, AttnParams};
+use crate::kv::KvState;
+use crate::weights::{Embedding, Linear, Weight, WeightSource};
+
+pub type LoadResult<T> = std::result::Result<T, String>;
+
+/// Builds block `i` from a source: one function per family.
+pub type BlockLoader = fn(&mut Loader<'_>, &LlamaConfig, usize) -> LoadResult<Block>;
+
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// Normalizes over the last axis of a contiguous tensor.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+}
+
+/// The q, k and v projections: three matrices, or one whose output rows hold q, k, v in order.
+pub enum Qkv {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
+}
+
+impl Qkv {
+    fn forward(&self, x: &Tensor, q_width: usize, kv_width: usize) -> Result<[Tensor; 3]> {
+        match self {
+            Qkv::Separate { q, k, v } => Ok([q.forward(x)?, k.forward(x)?, v.forward(x)?]),
+            Qkv::Fused(qkv) => {
+                let y = qkv.forward(x)?;
+                Ok([
+                    y.narrow(2, 0, q_width)?,
+                    y.narrow(2, q_width, kv_width)?,
+                    y.narrow(2, q_width + kv_width, kv_width)?,
+                ])
+            }
+        }
+    }
+}
+
+/// The MLP's gate and up projections: two matrices, or one whose output holds gate then up.
+pub enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    Fused(Linear),
+}
+
+pub struct Block {
+    pub attn_norm: RmsNorm,
+    pub qkv: Qkv,
+    /// RMSNorm over each head of q and of k, before RoPE (Qwen3).
+    pub qk_norm: Option<(RmsNorm, RmsNorm)>,
+    pub o: Linear,
+    pub mlp_norm: RmsNorm,
+    pub gate_up: GateUp,
+    pub down: Linear,
+}
+
+impl Block {
+    fn mlp(&self, x: &Tensor, ffn: usize) -> Result<Tensor> {
+        let (gate, up) = match &self.gate_up {
+            GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
+            GateUp::Fused(gate_up) => {
+                let y = gate_up.forward(x)?;
+                (y.narrow(2, 0, ffn)?, y.narrow(2, ffn, ffn)?)
+            }
+        };
+        self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
+    }
+}
+
+/// Names the tensor in a candle error.
+pub fn candle_err(name: &str) -> impl Fn(candle_core::Error) -> String + '_ {
+    move |e| format!("tensor `{name}`: {e}")
+}
+
+/// Reads tensors by Hugging Face name, checking shapes against the config.
+pub struct Loader<'a> {
+    pub src: &'a mut dyn WeightSource,
+    pub opts: &'a BuildOptions,
+}
+
+/// GGUF only: Llama 3.x's RoPE frequency divisors, as llama.cpp's converter stores them.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+/// GGUF only: Phi-3's long-context ("su"/longrope) factors, which this code does not implement.
+const LONG_ROPE: [&str; 2] = ["rope_factors_long.weight", "rope_factors_short.weight"];
+
+impl Loader<'_> {
+    pub fn weight(&mut self, name: &str, shape: &[usize]) -> LoadResult<Weight> {
+        self.src.get(name, shape)
+    }
+
+    /// `{name}.weight`, shaped `(out, inp)`, and `{name}.bias` when `bias`.
+    pub fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool) -> LoadResult<Linear> {
+        let w = self.weight(&format!("{name}.weight"), &[out, inp])?;
+        let b = if bias {
+            let bname = format!("{name}.bias");
+            let b = self.weight(&bname, &[out])?;
+            Some(b.dense(self.opts.dtype).map_err(candle_err(&bname))?)
+        } else {
+            None
+        };
+        Linear::new(w, b, self.opts.format, self.opts.dtype).map_err(candle_err(name))
+    }
+
+    /// `{name}.weight`, shaped `(size)`.
+    pub fn norm(&mut self, name: &str, size: usize, eps: f64) -> LoadResult<RmsNorm> {
+        let name = format!("{name}.weight");
+        let w = self.weight(&name, &[size])?;
+        let weight = w.dense(self.opts.dtype).map_err(candle_err(&name))?;
+        Ok(RmsNorm {
+            weight,
+            eps: eps as f32,
+        })
+    }
+
+    /// The RoPE frequency divisors: what the file stores (a GGUF's `rope_freqs`), else what
+    /// config.json's `rope_scaling` implies.
+    fn rope_factors(&mut self, cfg: &LlamaConfig) -> LoadResult<Option<Vec<f32>>> {
+        if let Some(name) = LONG_ROPE.into_iter().find(|n| self.src.contains(n)) {
+            return Err(format!(
+                "tensor `{name}`: long-rope scaling (Phi-3 long-context models) is not \
+                 implemented; only plain RoPE and Llama 3's `rope_freqs` factors are"
+            ));
+        }
+        if !self.src.contains(ROPE_FREQS) {
+            return cfg.rope_factors();
+        }
+        let w = self.weight(ROPE_FREQS, &[cfg.head_dim() / 2])?;
+        let factors = w
+            .dense(DType::F32)
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(candle_err(ROPE_FREQS))?;
+        if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+            return Err(format!(
+                "tensor `{ROPE_FREQS}` holds {bad}; frequency divisors must be positive"
+            ));
+        }
+        Ok(Some(factors))
+    }
+}
+
+/// A loaded decoder-only model of one of the Llama-shaped families.
+pub struct Decoder {
+    cfg: LlamaConfig,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+    attention: Arc<dyn Attention>,
+    max_context: usize,
+}
+
+impl Decoder {
+    /// Loads every tensor from `src` with the blocks of `cfg.model_type`'s family; a missing or
+    /// misshapen tensor is an error naming it.
+    pub fn load(
+        cfg: LlamaConfig,
+        src: &mut dyn WeightSource,
+        opts: BuildOptions,
+    ) -> LoadResult<Self> {
+        cfg.validate()?;
+        let block: BlockLoader = match cfg.model_type.as_str() {
+            "qwen3" => super::qwen3::block,
+            "phi3" => super::phi3::block,
+            _ => super::llama::block,
+        };
+        let mut loader = Loader { src, opts: &opts };
+        let factors = loader.rope_factors(&cfg)?;
+        let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
+        let embed_w = loader.weight("model.embed_tokens.weight", &[vocab, h])?;
+        let embed = Embedding::new(&embed_w, opts.dtype)
+            .map_err(candle_err("model.embed_tokens.weight"))?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| block(&mut loader, &cfg, i))
+            .collect::<LoadResult<Vec<_>>>()?;
+        let norm = loader.norm("model.norm", h, cfg.rms_norm_eps)?;
+        let lm_head = if !cfg.tie_word_embeddings && loader.src.contains("lm_head.weight") {
+            loader.linear("lm_head", vocab, h, false)?
+        } else {
+            Linear::new(embed_w, None, opts.format, opts.dtype).map_err(candle_err("lm_head"))?
+        };
+        let max_context = opts.max_context.min(cfg.max_position_embeddings).max(1);
+        let rope = Rope::new(
+            cfg.head_dim(),
+            cfg.rope_base(),
+            factors.as_deref(),
+            cfg.rope_interleaved,
+            max_context,
+            opts.dtype,
+            &opts.device,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Decoder {
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            rope,
+            attention: opts.attention,
+            max_context,
+            cfg,
+        })
+    }
+
+    /// Attention of every sequence of a packed pass: projections over all rows at once, then
+    /// each sequence's queries against its own keys.
+    fn attention(
+        &self,
+        b: &Block,
+        x: &Tensor,
+        layer: usize,
+        rope: &RopeRows,
+        seqs: &mut [Seq<'_>],
+        starts: &[usize],
+    ) -> Result<Tensor> {
+        let (_, rows, _) = x.dims3()?;
+        let (nh, kvh, d) = (
+            self.cfg.num_attention_heads,
+            self.cfg.kv_heads(),
+            self.cfg.head_dim(),
+        );
+        let [q, k, v] = b.qkv.forward(x, nh * d, kvh * d)?;
+        let (q_norm, k_norm) = match &b.qk_norm {
+            Some((q, k)) => (Some(q), Some(k)),
+            None => (None, None),
+        };
+        // `(1, rows, n * d)` → `(1, n, rows, d)`, each head normalized first when asked.
+        let heads = |t: Tensor, n: usize, norm: Option<&RmsNorm>| {
+            let t = t.reshape((1, rows, n, d))?;
+            match norm {
+                Some(norm) => norm.forward(&t)?.transpose(1, 2),
+                None => t.transpose(1, 2),
+            }
+        };
+        let q = rope.apply(&heads(q, nh, q_norm)?)?;
+        let k = rope.apply(&heads(k, kvh, k_norm)?)?;
+        let v = heads(v, kvh, None)?.contiguous()?;
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for (j, &offset) in starts.iter().enumerate() {
+            let (earlier, rest) = seqs.split_at_mut(j);
+            let seq = &mut rest[0];
+            let n = seq.ids.len();
+            if let Some((i, shared)) = seq.share {
+                seq.kv.adopt(layer, earlier[i].kv, shared)?;
+            }
+            let (k, v) = seq
+                .kv
+                .append(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
+            let params = AttnParams {
+                scale: 1.0 / (d as f64).sqrt(),
+                n_rep: nh / kvh,
+                offset,
+                sliding_window: self.cfg.window(),
+            };
+            let q = q.narrow(2, row, n)?.contiguous()?;
+            outs.push(self.attention.forward(&q, &k, &v, &params)?);
+            row += n;
+        }
+        let y = Tensor::cat(&outs, 2)?;
+        b.o.forward(&y.transpose(1, 2)?.reshape((1, rows, nh * d))?)
+    }
+
+    /// Runs the blocks over every sequence's ids, returning the final normalized hidden states
+    /// of all rows, `(rows, h)`.
+    fn trunk(&self, seqs: &mut [Seq<'_>]) -> Result<Tensor> {
+        // Read before layer 0 grows the states.
+        let starts = check_shares(seqs)?;
+        let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        let positions: Vec<u32> = seqs
+            .iter()
+            .zip(&starts)
+            .flat_map(|(s, &start)| (start..start + s.ids.len()).map(|p| p as u32))
+            .collect();
+        if let Some(&last) = positions.iter().max() {
+            if last as usize >= self.max_context {
+                candle_core::bail!(
+                    "position {last} is past the model's context of {} tokens",
+                    self.max_context
+                );
+            }
+        }
+        let rope = self.rope.at(&positions)?;
+        let ids = Tensor::new(ids.as_slice(), &self.embed.device())?;
+        let mut x = self.embed.forward(&ids)?.unsqueeze(0)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let attn = self.attention(b, &b.attn_norm.forward(&x)?, i, &rope, seqs, &starts)?;
+            let x1 = (attn + &x)?;
+            x = (b.mlp(&b.mlp_norm.forward(&x1)?, self.cfg.intermediate_size)? + x1)?;
+        }
+        self.norm.forward(&x)?.squeeze(0)
+    }
+}
+
+impl super::CausalLm for Decoder {
+    fn forward_packed(
+        &self,
+        seqs: &mut [Seq<'_>],
+        hidden: bool,
+    ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        let states = self.trunk(seqs)?;
+        let logits = packed_logits(seqs, &states, |x| self.lm_head.forward(x))?;
+        Ok((logits, hidden.then_some(states)))
+    }
+
+    fn new_state(&self) -> KvState {
+        KvState::new(self.blocks.len())
+    }
+
+    fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(ids, &self.embed.device())?;
+        self.embed.forward(&ids)?.to_dtype(DType::F32)
+    }
+
+    fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    fn architecture(&self) -> &str {
+        &self.cfg.model_type
+    }
+}

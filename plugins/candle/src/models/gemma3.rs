@@ -1,0 +1,401 @@
+//! Gemma 3 (text): 270M, 1B and the language model of 4B, 12B and 27B.
+//!
+//! Paper: <https://arxiv.org/abs/2503.19786>; reference code: llama.cpp `src/models/gemma3.cpp`
+//! (the logits this file is tested against) and Transformers `models/gemma3/modeling_gemma3.py`.
+//! What differs from Llama: the embedding is scaled by sqrt(hidden); each block normalizes the
+//! input and the output of both attention and MLP, and q and k per head; the MLP is GeGLU (tanh
+//! GELU); of every `pattern` layers all but the last are local (a sliding window, RoPE base
+//! 10000) and the last is global (the file's base, with linear scaling); logits may be
+//! soft-capped; the output layer is the token embedding unless the file has its own.
+//!
+//! Norm weights are taken as the multiplier itself: Transformers' `Gemma3RMSNorm` computes
+//! x·(1 + w) and llama.cpp's converter stores 1 + w in GGUF files. GGUF keeps q/k rows in
+//! Hugging Face order, so RoPE rotates halves (llama.cpp's NEOX mode).
+
+use std::sync::Arc;
+
+use candle_core::{DType, Result, Tensor};
+
+use super::llama::BuildOptions;
+use super::rope::{Rope, RopeRows};
+use super::{check_shares, packed_logits, Seq};
+use crate::attention::{Attention, AttnParams};
+use crate::kv::KvState;
+use crate::weights::{Embedding, Linear, Weight, WeightSource};
+
+/// The `general.architecture` this file implements.
+pub const ARCHITECTURE: &str = "gemma3";
+
+/// RoPE base of the local layers when the file does not say.
+pub const LOCAL_ROPE_BASE: f64 = 10_000.0;
+
+/// Layers per local/global cycle when the file does not say (Gemma 3: five local, one global).
+pub const PATTERN: usize = 6;
+
+/// Named after Transformers' `Gemma3TextConfig`, with the layer pattern resolved per layer.
+#[derive(Debug, Clone)]
+pub struct Gemma3Config {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    /// RoPE base of the global layers.
+    pub rope_theta: f64,
+    pub rope_local_base_freq: f64,
+    /// Linear RoPE scaling of the global layers (1: none).
+    pub rope_scaling_factor: f64,
+    pub rms_norm_eps: f64,
+    pub max_position_embeddings: usize,
+    /// None: every layer is global.
+    pub sliding_window: Option<usize>,
+    /// Per layer: local (sliding window) or global.
+    pub local_layers: Vec<bool>,
+    /// Queries are scaled by 1/sqrt of this.
+    pub query_pre_attn_scalar: f64,
+    pub final_logit_softcapping: Option<f64>,
+}
+
+/// Which layers are local for a layer-pattern length, as llama.cpp's `set_swa_pattern` reads
+/// `attention.sliding_window_pattern`: all but every `pattern`-th layer (0: all of them).
+pub fn local_layers(layers: usize, pattern: usize) -> Vec<bool> {
+    (0..layers)
+        .map(|i| pattern == 0 || i % pattern < pattern - 1)
+        .collect()
+}
+
+impl Gemma3Config {
+    /// Checks the numbers a forward pass divides by.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let (h, kvh) = (self.num_attention_heads, self.num_key_value_heads);
+        if h == 0 || kvh == 0 || h % kvh != 0 {
+            return Err(format!(
+                "num_attention_heads {h} must be a positive multiple of num_key_value_heads {kvh}"
+            ));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return Err(format!("head_dim {} must be even", self.head_dim));
+        }
+        if self.num_hidden_layers == 0 || self.vocab_size == 0 || self.sliding_window == Some(0) {
+            return Err(format!(
+                "layers {}, vocab {} and sliding window {:?} must be positive",
+                self.num_hidden_layers, self.vocab_size, self.sliding_window
+            ));
+        }
+        if self.local_layers.len() != self.num_hidden_layers {
+            return Err(format!(
+                "the layer pattern covers {} layers, the model has {}",
+                self.local_layers.len(),
+                self.num_hidden_layers
+            ));
+        }
+        Ok(())
+    }
+}
+
+struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// Normalizes over the last axis of a contiguous tensor.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+}
+
+struct Block {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    attn_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    ffn_norm: RmsNorm,
+    post_ffn_norm: RmsNorm,
+    /// The sliding window of a local layer.
+    window: Option<usize>,
+}
+
+/// A loaded Gemma 3 model.
+pub struct Gemma3 {
+    cfg: Gemma3Config,
+    embed: Embedding,
+    /// sqrt(hidden) as a 0-d tensor in the compute dtype (rounded to it, as Transformers does).
+    embed_scale: Tensor,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    local_rope: Rope,
+    global_rope: Rope,
+    attention: Arc<dyn Attention>,
+    max_context: usize,
+}
+
+type LoadResult<T> = std::result::Result<T, String>;
+
+fn candle_err(name: &str) -> impl Fn(candle_core::Error) -> String + '_ {
+    move |e| format!("tensor `{name}`: {e}")
+}
+
+/// Reads tensors by Hugging Face name, checking shapes against the config.
+struct Loader<'a> {
+    src: &'a mut dyn WeightSource,
+    opts: &'a BuildOptions,
+}
+
+impl Loader<'_> {
+    fn weight(&mut self, name: &str, shape: &[usize]) -> LoadResult<Weight> {
+        self.src.get(name, shape)
+    }
+
+    /// `{name}.weight`, shaped `(out, inp)`.
+    fn linear(&mut self, name: &str, out: usize, inp: usize) -> LoadResult<Linear> {
+        let w = self.weight(&format!("{name}.weight"), &[out, inp])?;
+        let opts = self.opts;
+        Linear::new(w, None, opts.format, opts.dtype).map_err(candle_err(name))
+    }
+
+    /// `{name}.weight`, shaped `(size)`: the multiplier 1 + w (see the module doc).
+    fn norm(&mut self, name: &str, size: usize, eps: f64) -> LoadResult<RmsNorm> {
+        let name = format!("{name}.weight");
+        let w = self.weight(&name, &[size])?;
+        let weight = w.dense(self.opts.dtype).map_err(candle_err(&name))?;
+        Ok(RmsNorm {
+            weight,
+            eps: eps as f32,
+        })
+    }
+
+    fn block(&mut self, cfg: &Gemma3Config, i: usize) -> LoadResult<Block> {
+        let (h, d, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+        let (nh, kvh, ffn) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.intermediate_size,
+        );
+        let p = format!("model.layers.{i}");
+        Ok(Block {
+            q: self.linear(&format!("{p}.self_attn.q_proj"), nh * d, h)?,
+            k: self.linear(&format!("{p}.self_attn.k_proj"), kvh * d, h)?,
+            v: self.linear(&format!("{p}.self_attn.v_proj"), kvh * d, h)?,
+            o: self.linear(&format!("{p}.self_attn.o_proj"), h, nh * d)?,
+            q_norm: self.norm(&format!("{p}.self_attn.q_norm"), d, eps)?,
+            k_norm: self.norm(&format!("{p}.self_attn.k_norm"), d, eps)?,
+            gate: self.linear(&format!("{p}.mlp.gate_proj"), ffn, h)?,
+            up: self.linear(&format!("{p}.mlp.up_proj"), ffn, h)?,
+            down: self.linear(&format!("{p}.mlp.down_proj"), h, ffn)?,
+            attn_norm: self.norm(&format!("{p}.input_layernorm"), h, eps)?,
+            post_attn_norm: self.norm(&format!("{p}.post_attention_layernorm"), h, eps)?,
+            ffn_norm: self.norm(&format!("{p}.pre_feedforward_layernorm"), h, eps)?,
+            post_ffn_norm: self.norm(&format!("{p}.post_feedforward_layernorm"), h, eps)?,
+            window: cfg.sliding_window.filter(|_| cfg.local_layers[i]),
+        })
+    }
+}
+
+impl Gemma3 {
+    /// Loads every tensor from `src`; a missing or misshapen tensor is an error naming it.
+    pub fn load(
+        cfg: Gemma3Config,
+        src: &mut dyn WeightSource,
+        opts: BuildOptions,
+    ) -> LoadResult<Self> {
+        cfg.validate()?;
+        let mut loader = Loader { src, opts: &opts };
+        let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
+        let embed_w = loader.weight("model.embed_tokens.weight", &[vocab, h])?;
+        let embed = Embedding::new(&embed_w, opts.dtype)
+            .map_err(candle_err("model.embed_tokens.weight"))?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| loader.block(&cfg, i))
+            .collect::<LoadResult<Vec<_>>>()?;
+        let norm = loader.norm("model.norm", h, cfg.rms_norm_eps)?;
+        let lm_head = if loader.src.contains("lm_head.weight") {
+            loader.linear("lm_head", vocab, h)?
+        } else {
+            Linear::new(embed_w, None, opts.format, opts.dtype).map_err(candle_err("lm_head"))?
+        };
+        let max_context = opts.max_context.min(cfg.max_position_embeddings).max(1);
+        // Linear scaling divides every frequency by the factor; halves rotate (not interleaved).
+        let rope = |base: f64, factor: f64| {
+            let factors = (factor != 1.0).then(|| vec![factor as f32; cfg.head_dim / 2]);
+            let (d, dev) = (cfg.head_dim, &opts.device);
+            Rope::new(
+                d,
+                base,
+                factors.as_deref(),
+                false,
+                max_context,
+                opts.dtype,
+                dev,
+            )
+            .map_err(|e| e.to_string())
+        };
+        let local_rope = rope(cfg.rope_local_base_freq, 1.0)?;
+        let global_rope = rope(cfg.rope_theta, cfg.rope_scaling_factor)?;
+        let embed_scale = Tensor::new((h as f32).sqrt(), &opts.device)
+            .and_then(|t| t.to_dtype(opts.dtype))
+            .map_err(|e| e.to_string())?;
+        Ok(Gemma3 {
+            embed,
+            embed_scale,
+            blocks,
+            norm,
+            lm_head,
+            local_rope,
+            global_rope,
+            attention: opts.attention,
+            max_context,
+            cfg,
+        })
+    }
+
+    /// Attention of every sequence of a packed pass: projections over all rows at once, then
+    /// each sequence's queries against its own keys.
+    fn attention(
+        &self,
+        b: &Block,
+        x: &Tensor,
+        layer: usize,
+        rope: &RopeRows,
+        seqs: &mut [Seq<'_>],
+        starts: &[usize],
+    ) -> Result<Tensor> {
+        let (_, rows, _) = x.dims3()?;
+        let cfg = &self.cfg;
+        let (nh, kvh, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        // Normalized per head before the heads axis moves (rms_norm wants contiguous rows).
+        let heads = |t: Tensor, n: usize, norm: Option<&RmsNorm>| {
+            let t = t.reshape((1, rows, n, d))?;
+            let t = match norm {
+                Some(norm) => norm.forward(&t)?,
+                None => t,
+            };
+            t.transpose(1, 2)
+        };
+        let q = rope.apply(&heads(b.q.forward(x)?, nh, Some(&b.q_norm))?)?;
+        let k = rope.apply(&heads(b.k.forward(x)?, kvh, Some(&b.k_norm))?)?;
+        let v = heads(b.v.forward(x)?, kvh, None)?.contiguous()?;
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for (j, &offset) in starts.iter().enumerate() {
+            let (earlier, rest) = seqs.split_at_mut(j);
+            let seq = &mut rest[0];
+            let n = seq.ids.len();
+            if let Some((i, shared)) = seq.share {
+                seq.kv.adopt(layer, earlier[i].kv, shared)?;
+            }
+            let (k, v) = seq
+                .kv
+                .append(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
+            let params = AttnParams {
+                scale: 1.0 / cfg.query_pre_attn_scalar.sqrt(),
+                n_rep: nh / kvh,
+                offset,
+                sliding_window: b.window,
+            };
+            let q = q.narrow(2, row, n)?.contiguous()?;
+            outs.push(self.attention.forward(&q, &k, &v, &params)?);
+            row += n;
+        }
+        let y = Tensor::cat(&outs, 2)?;
+        b.o.forward(&y.transpose(1, 2)?.reshape((1, rows, nh * d))?)
+    }
+
+    fn mlp(b: &Block, x: &Tensor) -> Result<Tensor> {
+        // Tensor::gelu is the tanh approximation (Transformers' `gelu_pytorch_tanh`).
+        let gate = b.gate.forward(x)?.gelu()?;
+        b.down.forward(&(gate * b.up.forward(x)?)?)
+    }
+
+    /// The scaled input embeddings of `ids`, `(1, ids.len(), h)`.
+    fn embed_rows(&self, ids: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(ids, &self.embed.device())?;
+        self.embed
+            .forward(&ids)?
+            .broadcast_mul(&self.embed_scale)?
+            .unsqueeze(0)
+    }
+
+    /// Runs the blocks over every sequence's ids, returning the final normalized hidden states
+    /// of all rows, `(rows, h)`.
+    fn trunk(&self, seqs: &mut [Seq<'_>]) -> Result<Tensor> {
+        // Read before layer 0 grows the states.
+        let starts = check_shares(seqs)?;
+        let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        let positions: Vec<u32> = seqs
+            .iter()
+            .zip(&starts)
+            .flat_map(|(s, &start)| (start..start + s.ids.len()).map(|p| p as u32))
+            .collect();
+        if let Some(&last) = positions.iter().max() {
+            if last as usize >= self.max_context {
+                candle_core::bail!(
+                    "position {last} is past the model's context of {} tokens",
+                    self.max_context
+                );
+            }
+        }
+        let local = self.local_rope.at(&positions)?;
+        let global = self.global_rope.at(&positions)?;
+        let mut x = self.embed_rows(&ids)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let rope = if b.window.is_some() { &local } else { &global };
+            let attn = self.attention(b, &b.attn_norm.forward(&x)?, i, rope, seqs, &starts)?;
+            let x1 = (b.post_attn_norm.forward(&attn)? + &x)?;
+            let mlp = Self::mlp(b, &b.ffn_norm.forward(&x1)?)?;
+            x = (b.post_ffn_norm.forward(&mlp)? + x1)?;
+        }
+        self.norm.forward(&x)?.squeeze(0)
+    }
+
+    fn head(&self, x: &Tensor) -> Result<Tensor> {
+        let logits = self.lm_head.forward(x)?;
+        match self.cfg.final_logit_softcapping {
+            Some(cap) => (logits / cap)?.tanh()? * cap,
+            None => Ok(logits),
+        }
+    }
+}
+
+impl super::CausalLm for Gemma3 {
+    fn forward_packed(
+        &self,
+        seqs: &mut [Seq<'_>],
+        hidden: bool,
+    ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        let states = self.trunk(seqs)?;
+        let logits = packed_logits(seqs, &states, |x| self.head(x))?;
+        Ok((logits, hidden.then_some(states)))
+    }
+
+    fn new_state(&self) -> KvState {
+        KvState::new(self.blocks.len())
+    }
+
+    /// Scaled by sqrt(hidden): the rows the first layer sees.
+    fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        self.embed_rows(ids)?.squeeze(0)?.to_dtype(DType::F32)
+    }
+
+    fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    fn architecture(&self) -> &str {
+        ARCHITECTURE
+    }
+}

@@ -1,0 +1,214 @@
+//! The causal-LM kind of the backend: a text model loaded on first use, its engine, and the
+//! optional prefix cache.
+//!
+//! Weights are shared and immutable once loaded, so calls run from many threads at once, each
+//! with its own KV state; the prefix cache is the one piece of shared mutable state, behind its
+//! own lock.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::DType;
+use lmhost_plugin_api::{
+    BackendStats, ConversationSnapshot, GenerationConfig, GenerationRecord, KvCacheSettings,
+    Logger, PluginError, ScoreRecord, TokenizeRecord,
+};
+
+use crate::engine::Engine;
+use crate::models::llama::BuildOptions;
+use crate::options::Settings;
+use crate::prefix_cache::{PrefixCache, PrefixStore};
+use crate::{attention, poisoned, source};
+
+pub struct TextModel {
+    model_id: String,
+    settings: Settings,
+    logger: Logger,
+    engine: Mutex<Option<Arc<Engine>>>,
+    cache: Mutex<CacheState>,
+}
+
+#[derive(Default)]
+struct CacheState {
+    /// The prefix cache when `[kv_cache]` turns it on; `None` runs without one.
+    store: Option<PrefixCache>,
+    warned_half: bool,
+}
+
+impl TextModel {
+    pub fn new(model_id: String, settings: Settings, logger: Logger) -> Self {
+        TextModel {
+            model_id,
+            settings,
+            logger,
+            engine: Mutex::new(None),
+            cache: Mutex::default(),
+        }
+    }
+
+    pub fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord, PluginError> {
+        self.refuse_audio(snapshot)?;
+        let engine = self.engine()?;
+        self.with_store(|store| engine.generate(snapshot, config, store))
+    }
+
+    /// Prompts run in packed passes (see [`crate::engine`]).
+    pub fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        snapshots
+            .iter()
+            .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
+        let engine = self.engine()?;
+        self.with_store(|store| engine.score_batch(snapshots, reply, store))
+    }
+
+    pub fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        self.refuse_audio(snapshot)?;
+        self.engine()?.tokenize(snapshot, add_special)
+    }
+
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
+        let engine = self.engine()?;
+        let vocab = engine.loaded.tokenizer.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(PluginError::invalid_input(format!(
+                "token id {id} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        engine.decode(ids, false)
+    }
+
+    pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
+        let mut cache = self.cache.lock().map_err(poisoned)?;
+        cache.store = settings.enabled.then(|| {
+            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
+            PrefixCache::new(max_entries, settings.max_bytes)
+        });
+        if settings.enabled {
+            self.warn_half_precision_cache(&mut cache);
+        }
+        Ok(())
+    }
+
+    /// Whether the prefix cache is on.
+    pub fn caching(&self) -> bool {
+        self.cache.lock().is_ok_and(|c| c.store.is_some())
+    }
+
+    /// `counted` with the prefix cache's own counters over it, when the cache is on (a test
+    /// can hold them against the records).
+    pub fn stats(&self, counted: BackendStats) -> BackendStats {
+        let cache = self.cache.lock();
+        match cache
+            .ok()
+            .and_then(|c| c.store.as_ref().map(PrefixCache::stats))
+        {
+            Some(cached) => BackendStats {
+                kv_cache_hits: cached.hits,
+                kv_cache_misses: cached.misses,
+                kv_cache_reused_tokens: cached.reused_tokens,
+                kv_cache_evictions: cached.evictions,
+                kv_cache_bytes: cached.bytes,
+                ..counted
+            },
+            None => counted,
+        }
+    }
+
+    /// The engine, loading the model on first use (once: the lock is held while loading).
+    pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
+        let mut slot = self.engine.lock().map_err(poisoned)?;
+        if let Some(engine) = slot.as_ref() {
+            return Ok(engine.clone());
+        }
+        let engine = Arc::new(self.load()?);
+        *slot = Some(engine.clone());
+        Ok(engine)
+    }
+
+    fn load(&self) -> Result<Engine, PluginError> {
+        let s = &self.settings;
+        let device = s.device()?;
+        let dtype = s.dtype_on(&device)?;
+        let attention = attention::resolve(&s.attn_implementation).map_err(PluginError::config)?;
+        let memory_budget = s.memory_budget.bytes_on(&device);
+        let build = BuildOptions {
+            dtype,
+            device,
+            format: s.weights,
+            attention,
+            max_context: if s.max_context == 0 {
+                usize::MAX
+            } else {
+                s.max_context
+            },
+            memory_budget,
+        };
+        let loaded = source::load(&self.model_id, &s.revision, s.model_class.as_deref(), build)?;
+        Engine::new(
+            loaded,
+            s.max_context,
+            s.chat_template.as_deref(),
+            &self.model_id,
+        )
+    }
+
+    /// Audio sent to a text model is refused, naming the model.
+    fn refuse_audio(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
+        if snapshot.has_audio() {
+            return Err(PluginError::invalid_input(format!(
+                "audio snapshots need an audio model; `{}` loaded as a text-only causal \
+                 language model (set `model_class = \"whisper\"` for a Whisper checkpoint)",
+                self.model_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` with the prefix store, if one is on. The store lock is held for the call, so
+    /// cached calls run one at a time; uncached calls run concurrently.
+    fn with_store<T>(
+        &self,
+        f: impl FnOnce(Option<&mut dyn PrefixStore>) -> Result<T, PluginError>,
+    ) -> Result<T, PluginError> {
+        let mut cache = self.cache.lock().map_err(poisoned)?;
+        match cache.store.as_mut() {
+            Some(store) => {
+                let store: &mut dyn PrefixStore = store;
+                f(Some(store))
+            }
+            None => {
+                drop(cache);
+                f(None)
+            }
+        }
+    }
+
+    /// Warns once that half-precision prefixes round differently from one forward pass (the
+    /// cached path runs a prompt in several passes), and that float32 gives identical results.
+    fn warn_half_precision_cache(&self, cache: &mut CacheState) {
+        let s = &self.settings;
+        let Ok(dtype) = s.device().and_then(|device| s.dtype_on(&device)) else {
+            return; // loading reports a device the build lacks
+        };
+        if cache.warned_half || !matches!(dtype, DType::F16 | DType::BF16) {
+            return;
+        }
+        cache.warned_half = true;
+        self.logger.warn(&format!(
+            "kv_cache with {dtype:?} compute: cached prefixes round differently from one forward \
+             pass, so greedy outputs and logprobs can differ slightly from kv_cache off; set \
+             `dtype = \"float32\"` in [backend.options] for identical results"
+        ));
+    }
+}
