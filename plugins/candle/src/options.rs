@@ -8,7 +8,6 @@ use lmhost_plugin_api::{OptionKind, OptionSpec, PluginError};
 
 use crate::attention;
 use crate::memory::MemoryBudget;
-use crate::models::llama::ARCHITECTURES;
 use crate::weights::WeightFormat;
 
 /// Parsed `[backend.options]`.
@@ -31,7 +30,7 @@ pub struct Settings {
 
 pub fn specs() -> Vec<OptionSpec> {
     let mut classes = vec!["auto"];
-    classes.extend_from_slice(ARCHITECTURES);
+    classes.extend(crate::models::text_architectures());
     classes.push("whisper");
     vec![
         OptionSpec::choice(

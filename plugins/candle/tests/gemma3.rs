@@ -14,6 +14,11 @@
 //! the logits, the same greedy token at every position, and the log-probability of a
 //! continuation to 0.5 nats (ours -13.29, as Transformers in f32; llama.cpp on Q4_K_M -13.20, on
 //! f32 -13.29).
+//!
+//! The same tiny weights written as a Hugging Face checkpoint (config.json, safetensors with
+//! norms stored as w = multiplier - 1, tokenizer.json) must give the GGUF's logits within
+//! `CHECKPOINT_TOL` 1e-5: both run the same f32 arithmetic through the same model, and all that
+//! differs is the norm weights' round trip through w in f32 (about 1e-7 each).
 
 mod common;
 
@@ -22,18 +27,20 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use common::{
-    backend, family_metadata, family_tensors, gguf_tensors, llama_cpp, max_diff, write_gguf_file,
-    LlamaCppInput,
+    backend, family_config, family_metadata, family_tensors, gguf_tensors, head_dim, llama_cpp,
+    max_diff, write_checkpoint, write_gguf_file, LlamaCppInput,
 };
 use lmhost_candle::sampling::log_softmax;
 use lmhost_candle::Candle;
-use lmhost_plugin_api::serde_json::json;
+use lmhost_plugin_api::serde_json::{json, Value as Json};
 use lmhost_plugin_api::{Backend, ConversationSnapshot, KvCacheSettings};
 
 /// Ours against llama.cpp on the tiny f32 model (see the module doc for all three).
 const TINY_TOL: f32 = 2e-3;
+/// The tiny checkpoint against the tiny GGUF, both ours (see the module doc).
+const CHECKPOINT_TOL: f32 = 1e-5;
 /// Ours against llama.cpp on Gemma 3 270M's weights in f32.
 const F32_TOL: f32 = 0.05;
 /// Ours (weights dequantized) against llama.cpp (activations quantized) on the Q4_K_M file.
@@ -311,4 +318,187 @@ fn bad_gemma3_files_are_refused_naming_the_problem() {
         err.message.contains("\"gemma9\"") && err.message.contains("gemma3"),
         "{err}"
     );
+}
+
+/// The tiny model's config.json as Transformers writes it: `write_tiny`'s settings, and llama.cpp's
+/// defaults where the GGUF has none (local RoPE base 10000, a pattern of 6, queries scaled by
+/// 1/sqrt(head_dim)).
+fn tiny_config() -> Json {
+    let mut c = family_config("gemma3", LAYERS);
+    let gemma = json!({
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_theta": 100.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 6,
+        "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": head_dim("gemma3"),
+        "final_logit_softcapping": 3.0,
+        "attn_logit_softcapping": null,
+    });
+    for (key, value) in gemma.as_object().unwrap() {
+        c[key] = value.clone();
+    }
+    c
+}
+
+/// The tiny model's tensors as a checkpoint stores them: each `model.` name under `prefix`, and
+/// norms as the GGUF's multiplier less `norm_shift` (Hugging Face's w is the multiplier less 1).
+fn checkpoint_tensors(prefix: &str, norm_shift: f64) -> Vec<(String, Tensor)> {
+    family_tensors("gemma3", LAYERS)
+        .into_iter()
+        .map(|(name, t)| {
+            let t = if name.ends_with("norm.weight") {
+                t.affine(1.0, -norm_shift).unwrap()
+            } else {
+                t
+            };
+            (name.replacen("model.", prefix, 1), t)
+        })
+        .collect()
+}
+
+/// A multimodal config.json (`gemma3`): `text` under `text_config`, beside a vision config.
+fn multimodal(text: &Json) -> Json {
+    json!({
+        "model_type": "gemma3",
+        "text_config": text,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
+        "eos_token_id": 258,
+    })
+}
+
+#[test]
+fn tiny_checkpoint_matches_the_gguf_and_the_norm_offset_matters() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = tiny_prompt();
+    let gguf = tiny_logits(&write_tiny(&dir.path().join("tiny.gguf"), |_| {}), &ids);
+    let text = tiny_config();
+    // Newer Transformers list the layer types; they win over a pattern that says otherwise.
+    let mut listed = text.clone();
+    let types: Vec<&str> = (0..LAYERS)
+        .map(|i| match i % 6 {
+            5 => "full_attention",
+            _ => "sliding_attention",
+        })
+        .collect();
+    listed["layer_types"] = json!(types);
+    listed["sliding_window_pattern"] = json!(1);
+    // Transformers 5 keys RoPE by layer type.
+    let mut keyed = text.clone();
+    for key in ["rope_theta", "rope_local_base_freq", "rope_scaling"] {
+        keyed.as_object_mut().unwrap().remove(key);
+    }
+    keyed["rope_parameters"] = json!({
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    });
+    let mut untyped = text.clone();
+    untyped.as_object_mut().unwrap().remove("model_type");
+    let vision = (
+        "vision_tower.patch_embedding.weight".to_string(),
+        common::weights(&[8, 3], 5, 0.1),
+    );
+    let cases = [
+        ("text-only (gemma3_text)", text.clone(), "model.", json!({})),
+        (
+            "multimodal, Hub names",
+            multimodal(&text),
+            "language_model.model.",
+            json!({}),
+        ),
+        (
+            "multimodal, Transformers 5 names",
+            multimodal(&text),
+            "model.language_model.",
+            json!({}),
+        ),
+        ("layer_types", listed, "model.", json!({})),
+        ("rope_parameters", keyed, "model.", json!({})),
+        (
+            "no model_type, model_class gemma3",
+            untyped,
+            "model.",
+            json!({"model_class": "gemma3"}),
+        ),
+    ];
+    for (i, (what, config, prefix, options)) in cases.into_iter().enumerate() {
+        let mut tensors = checkpoint_tensors(prefix, 1.0);
+        tensors.push(vision.clone());
+        let path = write_checkpoint(&dir.path().join(format!("case{i}")), &config, &tensors);
+        let mut options = options;
+        options["weights"] = json!("f32");
+        let b = backend(&path, options);
+        let diff = max_diff(&b.engine().unwrap().logits_all(&ids).unwrap(), &gguf);
+        eprintln!("tiny gemma3 checkpoint ({what}): max |Δlogit| vs the GGUF {diff:e}");
+        assert!(diff <= CHECKPOINT_TOL, "{what}: {diff}");
+    }
+
+    // Norms written as the GGUF's multipliers get 1 added twice: the offset is far past the
+    // tolerance, so the comparison above checks that the loader adds it.
+    let unshifted = dir.path().join("unshifted");
+    write_checkpoint(&unshifted, &text, &checkpoint_tensors("model.", 0.0));
+    let off = max_diff(&tiny_logits(&unshifted, &ids), &gguf);
+    eprintln!("tiny gemma3 checkpoint, norms not offset: max |Δlogit| vs the GGUF {off:e}");
+    assert!(off > 1e4 * CHECKPOINT_TOL, "{off}");
+}
+
+#[test]
+fn bad_gemma3_checkpoints_are_refused_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let refusal = |name: &str, config: &Json, tensors: &[(String, Tensor)]| {
+        let path = write_checkpoint(&dir.path().join(name), config, tensors);
+        backend(&path, json!({})).engine().err().unwrap()
+    };
+    let with = |key: &str, value: Json| {
+        let mut c = tiny_config();
+        c[key] = value;
+        c
+    };
+    let cases = [
+        (
+            with("attn_logit_softcapping", json!(50.0)),
+            "`attn_logit_softcapping`",
+        ),
+        (
+            with("rope_scaling", json!({"rope_type": "yarn", "factor": 8.0})),
+            "only linear RoPE scaling",
+        ),
+        (
+            with("layer_types", json!(vec!["full_attention"; 3])),
+            "`layer_types` lists 3 layers, `num_hidden_layers` is 7",
+        ),
+        (
+            with("layer_types", json!(vec!["chunked_attention"; LAYERS])),
+            "`layer_types[0]` is \"chunked_attention\"",
+        ),
+        (
+            with("hidden_activation", json!("gelu")),
+            "`hidden_activation`",
+        ),
+        // An untied model needs its own output layer.
+        (
+            with("tie_word_embeddings", json!(false)),
+            "`lm_head.weight` is missing",
+        ),
+        // A multimodal config over a text-only checkpoint: the layouts tried are named.
+        (
+            multimodal(&tiny_config()),
+            "neither `language_model.model.embed_tokens.weight` nor \
+             `model.language_model.embed_tokens.weight`",
+        ),
+    ];
+    let tensors = checkpoint_tensors("model.", 1.0);
+    for (i, (config, expect)) in cases.iter().enumerate() {
+        let err = refusal(&format!("bad{i}"), config, &tensors);
+        assert!(err.message.contains(expect), "{expect}: {err}");
+    }
+    // A missing tensor is named as the checkpoint spells it.
+    let mut nested = checkpoint_tensors("language_model.model.", 1.0);
+    nested.retain(|(name, _)| !name.ends_with("layers.6.self_attn.k_norm.weight"));
+    let err = refusal("missing", &multimodal(&tiny_config()), &nested);
+    let expect = "tensor `language_model.model.layers.6.self_attn.k_norm.weight` is missing";
+    assert!(err.message.contains(expect), "{err}");
 }

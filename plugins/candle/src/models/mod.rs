@@ -17,6 +17,14 @@ use candle_core::{Result, Tensor};
 
 use crate::kv::KvState;
 
+/// The text architectures the plugin runs (option `model_class`, config.json `model_type`, GGUF
+/// `general.architecture`): the Llama-shaped ones and Gemma 3.
+pub fn text_architectures() -> Vec<&'static str> {
+    let mut names = llama::ARCHITECTURES.to_vec();
+    names.push(gemma3::ARCHITECTURE);
+    names
+}
+
 /// Which positions of a forward pass need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {

@@ -122,13 +122,6 @@ fn architecture(meta: &HashMap<String, Value>) -> Result<String, String> {
         .ok_or_else(|| "metadata `general.architecture` is missing".into())
 }
 
-/// The architectures [`load`] runs, for the error that refuses another.
-fn supported() -> String {
-    let mut names = crate::models::llama::ARCHITECTURES.to_vec();
-    names.push(gemma3::ARCHITECTURE);
-    names.join(", ")
-}
-
 /// The config of each family this file loads.
 enum Config {
     Llama(LlamaConfig),
@@ -145,7 +138,7 @@ fn config(
     if !crate::models::llama::ARCHITECTURES.contains(&arch.as_str()) {
         return Err(format!(
             "unknown architecture {arch:?}; supported: {}",
-            supported()
+            crate::models::text_architectures().join(", ")
         ));
     }
     let key = |k: &str| format!("{arch}.{k}");

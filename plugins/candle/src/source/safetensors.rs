@@ -1,11 +1,14 @@
 //! Hugging Face checkpoints: `config.json`, `tokenizer.json`, `tokenizer_config.json` (chat
 //! template, special tokens) and safetensors weights, one file or shards listed in an index.
+//! A Gemma 3 checkpoint is read as llama.cpp's converter reads it: 1 added to every norm weight
+//! (Transformers computes x·(1 + w), the model takes the multiplier), and of a multimodal one
+//! only the language model.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
-use candle_core::Device;
+use candle_core::{DType, Device};
 use lmhost_plugin_kit::template::ChatTemplate;
 use lmhost_plugin_kit::tokenizer::TextTokenizer;
 use serde_json::Value;
@@ -14,7 +17,9 @@ use tokenizers::Tokenizer;
 use super::Loaded;
 use crate::memory::WeightBytes;
 use crate::models::decoder::Decoder;
+use crate::models::gemma3::{self, Gemma3, Gemma3Config};
 use crate::models::llama::{BuildOptions, LlamaConfig, ARCHITECTURES};
+use crate::models::{text_architectures, CausalLm};
 use crate::weights::{check_shape, Weight, WeightSource};
 
 /// The files of a checkpoint, wherever they came from (a directory or the hub cache).
@@ -83,6 +88,49 @@ struct SafetensorsSource {
     files: MmapedSafetensors,
     names: HashSet<String>,
     device: Device,
+    layout: Layout,
+}
+
+/// How a checkpoint stores what the model asks for; the default is as asked.
+#[derive(Default)]
+struct Layout {
+    /// What replaces the leading `model.` and `lm_head.` of a name: where a multimodal
+    /// checkpoint keeps its language model.
+    nested: Option<(&'static str, &'static str)>,
+    /// Gemma: every `*norm.weight` stores w for x·(1 + w), and the model takes the multiplier.
+    norm_offset: bool,
+    /// The output layer is the embedding, whatever the file holds (`tie_word_embeddings`).
+    tied: bool,
+}
+
+/// Where multimodal Gemma 3 checkpoints keep the language model and its output layer:
+/// Transformers 4's layout (the Hub's files), then the one it loads them into.
+const NESTED: [(&str, &str); 2] = [
+    ("language_model.model.", "language_model.lm_head."),
+    ("model.language_model.", "lm_head."),
+];
+
+impl Layout {
+    /// The stored name of the tensor the model calls `name`.
+    fn stored(&self, name: &str) -> String {
+        let Some((model, head)) = self.nested else {
+            return name.to_string();
+        };
+        match (name.strip_prefix("model."), name.strip_prefix("lm_head.")) {
+            (Some(rest), _) => format!("{model}{rest}"),
+            (_, Some(rest)) => format!("{head}{rest}"),
+            _ => name.to_string(),
+        }
+    }
+
+    /// Whether the model reads the stored tensor `stored` (not a vision tower's, not a tied head).
+    fn reads(&self, stored: &str) -> bool {
+        let (model, head) = self.nested.unwrap_or(("", "lm_head."));
+        if stored.starts_with(head) {
+            return !self.tied;
+        }
+        stored.starts_with(model)
+    }
 }
 
 impl SafetensorsSource {
@@ -102,34 +150,79 @@ impl SafetensorsSource {
             files,
             names,
             device: device.clone(),
+            layout: Layout::default(),
         })
     }
 
-    /// What the shards' tensors take, from their headers alone.
+    /// What the tensors the model reads take, from the shards' headers alone.
     fn weight_bytes(&self) -> WeightBytes {
         let mut bytes = WeightBytes::default();
-        for (_, view) in self.files.tensors() {
-            bytes.add_dense(view.shape().iter().product());
+        for (name, view) in self.files.tensors() {
+            if self.layout.reads(&name) {
+                bytes.add_dense(view.shape().iter().product());
+            }
         }
         bytes
+    }
+
+    /// Reads the checkpoint as Gemma 3's: the language model nested beside a vision tower when
+    /// config.json has a `text_config`, else at the top; `tied`: `tie_word_embeddings`.
+    fn gemma3_layout(&mut self, multimodal: bool, tied: bool) -> Result<(), String> {
+        let nested = if multimodal {
+            let embed = |(model, _): &(&str, &str)| format!("{model}embed_tokens.weight");
+            let found = NESTED.iter().find(|l| self.names.contains(&embed(l)));
+            Some(*found.ok_or_else(|| {
+                let tried: Vec<String> = NESTED.iter().map(|l| format!("`{}`", embed(l))).collect();
+                format!(
+                    "config.json has a `text_config` (a multimodal Gemma 3), but the checkpoint \
+                     has neither {}: only the language model of these layouts loads",
+                    tried.join(" nor ")
+                )
+            })?)
+        } else {
+            None
+        };
+        self.layout = Layout {
+            nested,
+            norm_offset: true,
+            tied,
+        };
+        // Tied or not is config.json's to say (the model takes a head wherever the file has one).
+        if !tied && !self.contains("lm_head.weight") {
+            return Err(format!(
+                "tensor `{}` is missing (config.json sets `tie_word_embeddings` false)",
+                self.layout.stored("lm_head.weight")
+            ));
+        }
+        Ok(())
     }
 }
 
 impl WeightSource for SafetensorsSource {
     fn get(&mut self, name: &str, shape: &[usize]) -> Result<Weight, String> {
-        if !self.names.contains(name) {
+        let name = self.layout.stored(name);
+        if !self.names.contains(&name) {
             return Err(format!("tensor `{name}` is missing"));
         }
-        let t = self
+        let mut t = self
             .files
-            .get(name)
+            .get(&name)
             .and_then(|view| view.load(&self.device))
             .map_err(|e| format!("tensor `{name}` cannot be read: {e}"))?;
-        check_shape(name, Weight::Dense(t), shape)
+        // In f32, as Transformers adds it: 1 + w in a bf16 checkpoint's own dtype would round to
+        // steps of 2^-7.
+        if self.layout.norm_offset && name.ends_with("norm.weight") {
+            t = t
+                .to_dtype(DType::F32)
+                .and_then(|t| t.affine(1.0, 1.0))
+                .map_err(|e| format!("tensor `{name}`: {e}"))?;
+        }
+        check_shape(&name, Weight::Dense(t), shape)
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.names.contains(name)
+        let name = self.layout.stored(name);
+        self.layout.reads(&name) && self.names.contains(&name)
     }
 }
 
@@ -157,6 +250,38 @@ fn eos_ids(config: &Value, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Ve
     }
 }
 
+/// The config of each family a checkpoint may hold.
+enum Config {
+    Llama(LlamaConfig),
+    Gemma3(Gemma3Checkpoint),
+}
+
+/// A Gemma 3 checkpoint's config and what its layout depends on.
+struct Gemma3Checkpoint {
+    cfg: Gemma3Config,
+    /// The settings sit under `text_config` (a multimodal model).
+    multimodal: bool,
+    tied: bool,
+}
+
+/// Gemma 3's config.json: the language model's settings at the top (`gemma3_text`) or under
+/// `text_config` (`gemma3`, multimodal).
+fn gemma3_config(json: &Value) -> Result<Gemma3Checkpoint, String> {
+    let nested = json.get("text_config");
+    let key = if nested.is_some() {
+        "`text_config`: "
+    } else {
+        ""
+    };
+    let text: gemma3::TextConfig =
+        serde_json::from_value(nested.unwrap_or(json).clone()).map_err(|e| format!("{key}{e}"))?;
+    Ok(Gemma3Checkpoint {
+        cfg: text.resolve().map_err(|e| format!("{key}{e}"))?,
+        multimodal: nested.is_some(),
+        tied: text.tie_word_embeddings,
+    })
+}
+
 pub fn load(
     files: &Files,
     model_class: Option<&str>,
@@ -174,17 +299,21 @@ pub fn load(
                 .map(String::from)
         })
         .unwrap_or_else(|| "llama".into());
-    if !ARCHITECTURES.contains(&arch.as_str()) {
-        return Err(format!(
-            "{}: unknown architecture {arch:?}; supported: {}",
-            files.config.display(),
-            ARCHITECTURES.join(", ")
-        ));
-    }
-    let mut cfg: LlamaConfig = serde_json::from_value(config_json.clone())
-        .map_err(|e| format!("{}: {e}", files.config.display()))?;
-    cfg.model_type = arch;
-    cfg.rope_interleaved = false;
+    let at_config = |e: String| format!("{}: {e}", files.config.display());
+    let cfg = if gemma3::MODEL_TYPES.contains(&arch.as_str()) {
+        Config::Gemma3(gemma3_config(&config_json).map_err(at_config)?)
+    } else if ARCHITECTURES.contains(&arch.as_str()) {
+        let mut cfg: LlamaConfig =
+            serde_json::from_value(config_json.clone()).map_err(|e| at_config(e.to_string()))?;
+        cfg.model_type = arch;
+        cfg.rope_interleaved = false;
+        Config::Llama(cfg)
+    } else {
+        return Err(at_config(format!(
+            "unknown architecture {arch:?}; supported: {}",
+            text_architectures().join(", ")
+        )));
+    };
     let tokenizer = Tokenizer::from_file(&files.tokenizer)
         .map_err(|e| format!("{}: {e}", files.tokenizer.display()))?;
     let tok_config: Value = match &files.tokenizer_config {
@@ -203,10 +332,16 @@ pub fn load(
     };
     let tokenizer = TextTokenizer::from_hf(tokenizer, bos, eos.first().copied());
     let mut source = SafetensorsSource::open(&files.weights, &build.device)?;
+    if let Config::Gemma3(gemma) = &cfg {
+        source.gemma3_layout(gemma.multimodal, gemma.tied)?;
+    }
     build.format = crate::memory::fit(&build, &source.weight_bytes())?;
-    let model = Decoder::load(cfg, &mut source, build)?;
+    let model: Box<dyn CausalLm> = match cfg {
+        Config::Llama(cfg) => Box::new(Decoder::load(cfg, &mut source, build)?),
+        Config::Gemma3(gemma) => Box::new(Gemma3::load(gemma.cfg, &mut source, build)?),
+    };
     Ok(Loaded {
-        model: Box::new(model),
+        model,
         tokenizer,
         chat_template,
         eos_ids: eos,

@@ -9,8 +9,11 @@
 //! soft-capped; the output layer is the token embedding unless the file has its own.
 //!
 //! Norm weights are taken as the multiplier itself: Transformers' `Gemma3RMSNorm` computes
-//! x·(1 + w) and llama.cpp's converter stores 1 + w in GGUF files. GGUF keeps q/k rows in
-//! Hugging Face order, so RoPE rotates halves (llama.cpp's NEOX mode).
+//! x·(1 + w) and llama.cpp's converter stores 1 + w in GGUF files, so the checkpoint source adds
+//! the 1 to Hugging Face's w (`source/safetensors.rs`). GGUF keeps q/k rows in Hugging Face
+//! order, so both rotate halves (llama.cpp's NEOX mode, Transformers' `rotate_half`).
+
+mod config;
 
 use std::sync::Arc;
 
@@ -23,77 +26,10 @@ use crate::attention::{Attention, AttnParams};
 use crate::kv::KvState;
 use crate::weights::{Embedding, Linear, Weight, WeightSource};
 
-/// The `general.architecture` this file implements.
-pub const ARCHITECTURE: &str = "gemma3";
-
-/// RoPE base of the local layers when the file does not say.
-pub const LOCAL_ROPE_BASE: f64 = 10_000.0;
-
-/// Layers per local/global cycle when the file does not say (Gemma 3: five local, one global).
-pub const PATTERN: usize = 6;
-
-/// Named after Transformers' `Gemma3TextConfig`, with the layer pattern resolved per layer.
-#[derive(Debug, Clone)]
-pub struct Gemma3Config {
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    /// RoPE base of the global layers.
-    pub rope_theta: f64,
-    pub rope_local_base_freq: f64,
-    /// Linear RoPE scaling of the global layers (1: none).
-    pub rope_scaling_factor: f64,
-    pub rms_norm_eps: f64,
-    pub max_position_embeddings: usize,
-    /// None: every layer is global.
-    pub sliding_window: Option<usize>,
-    /// Per layer: local (sliding window) or global.
-    pub local_layers: Vec<bool>,
-    /// Queries are scaled by 1/sqrt of this.
-    pub query_pre_attn_scalar: f64,
-    pub final_logit_softcapping: Option<f64>,
-}
-
-/// Which layers are local for a layer-pattern length, as llama.cpp's `set_swa_pattern` reads
-/// `attention.sliding_window_pattern`: all but every `pattern`-th layer (0: all of them).
-pub fn local_layers(layers: usize, pattern: usize) -> Vec<bool> {
-    (0..layers)
-        .map(|i| pattern == 0 || i % pattern < pattern - 1)
-        .collect()
-}
-
-impl Gemma3Config {
-    /// Checks the numbers a forward pass divides by.
-    pub fn validate(&self) -> std::result::Result<(), String> {
-        let (h, kvh) = (self.num_attention_heads, self.num_key_value_heads);
-        if h == 0 || kvh == 0 || h % kvh != 0 {
-            return Err(format!(
-                "num_attention_heads {h} must be a positive multiple of num_key_value_heads {kvh}"
-            ));
-        }
-        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
-            return Err(format!("head_dim {} must be even", self.head_dim));
-        }
-        if self.num_hidden_layers == 0 || self.vocab_size == 0 || self.sliding_window == Some(0) {
-            return Err(format!(
-                "layers {}, vocab {} and sliding window {:?} must be positive",
-                self.num_hidden_layers, self.vocab_size, self.sliding_window
-            ));
-        }
-        if self.local_layers.len() != self.num_hidden_layers {
-            return Err(format!(
-                "the layer pattern covers {} layers, the model has {}",
-                self.local_layers.len(),
-                self.num_hidden_layers
-            ));
-        }
-        Ok(())
-    }
-}
+pub use config::{
+    local_layers, Gemma3Config, RopeParameters, TextConfig, ARCHITECTURE, LOCAL_ROPE_BASE,
+    MODEL_TYPES, PATTERN,
+};
 
 struct RmsNorm {
     weight: Tensor,
