@@ -161,7 +161,7 @@ fn main() -> anyhow::Result<()> {
             println!("threads = {threads}");
             let base = reference(&ids)?;
             row("quantized_llama (Q4_1)", &base, &base);
-            for weights in ["as_stored", "f32", "q8_0", "q4_0", "mixed"] {
+            for weights in ["as_stored", "compact", "f32", "q8_0", "q4_0", "mixed"] {
                 row(weights, &ours(weights, &ids)?, &base);
             }
             Ok(())

@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod audio_backend;
 pub mod engine;
+pub mod kernels;
 pub mod kv;
 pub mod memory;
 pub mod models;

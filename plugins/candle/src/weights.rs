@@ -8,17 +8,19 @@
 //! On x86 and aarch64 CPUs candle's quantized matmul keeps a second, repacked copy of Q4_K and
 //! Q6_K matrices (and of Q8_0 on VNNI x86 CPUs, Q4_0 and Q5_K on aarch64), made on first use:
 //! prefill of many rows runs 4-6x faster, but a Q4_K model takes about 2.3x its file size.
-//! `compact` runs the stored blocks through candle's unpacked kernels instead: decode as fast,
-//! no second copy.
+//! `compact` runs the stored blocks in place instead, no second copy: Q4_0, Q4_1 and Q8_0
+//! through our own kernels ([`crate::kernels`], llama.cpp's integer dot products), other types
+//! through candle's unpacked ones.
 
 use std::sync::Arc;
 
 use candle_core::quantized::k_quants::{
-    self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
-    BlockQ6K, BlockQ8_0,
+    self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
 };
 use candle_core::quantized::{GgmlDType, GgmlType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
+
+use crate::kernels::{self, Path};
 
 /// A tensor as a checkpoint stores it. Cloning shares the data (a tied embedding is both the
 /// input table and the output layer).
@@ -59,12 +61,13 @@ pub enum WeightFormat {
     /// (candle's quantized CPU kernels quantize the activations too, which moves SmolLM2's logits
     /// by up to ~1.4 and changes its greedy answers), else as stored; the stored format elsewhere.
     Auto,
-    /// Dense in the compute dtype for prefill, Q8_0 for decode: fastest decode, but generate's
-    /// logprobs then differ from score's by the Q8_0 error.
+    /// Dense in the compute dtype for prefill, Q8_0 for decode (on CPU through our kernel):
+    /// fastest decode, but generate's logprobs then differ from score's by the Q8_0 error.
     Mixed,
     /// As the checkpoint stores them (quantized stays quantized), through candle's kernels.
     AsStored,
-    /// As stored, quantized matrices on CPU through candle's unpacked kernels (no repacked copy).
+    /// As stored, quantized matrices on CPU in place (no repacked copy): Q4_0, Q4_1 and Q8_0
+    /// through our kernels, other types through candle's unpacked ones.
     Compact,
     /// Dense in the compute dtype.
     Dense,
@@ -133,7 +136,8 @@ pub struct Linear {
 #[derive(Debug, Clone)]
 enum Kernel {
     Candle(QMatMul),
-    /// A quantized CPU matrix and candle's unpacked kernel for its type ([`compact_matmul`]).
+    /// A quantized CPU matrix and the kernel for its type that reads it in place
+    /// ([`compact_matmul`]).
     Compact(Arc<QTensor>, BlockMatmul),
 }
 
@@ -149,20 +153,34 @@ impl Kernel {
 /// `dst = lhs · blocksᵀ` over a matrix's stored bytes, `(m, k, n)`.
 type BlockMatmul = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]) -> Result<()>;
 
-/// candle's unpacked kernel for `dtype` (none for float types, which compute dense).
-fn compact_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
+/// Our kernel for `dtype` ([`crate::kernels`]), on the fastest path this CPU has.
+fn our_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
     Some(match dtype {
-        GgmlDType::Q4_0 => matmul_blocks::<BlockQ4_0>,
-        GgmlDType::Q4_1 => matmul_blocks::<BlockQ4_1>,
-        GgmlDType::Q5_0 => matmul_blocks::<BlockQ5_0>,
-        GgmlDType::Q5_1 => matmul_blocks::<BlockQ5_1>,
-        GgmlDType::Q8_0 => matmul_blocks::<BlockQ8_0>,
-        GgmlDType::Q2K => matmul_blocks::<BlockQ2K>,
-        GgmlDType::Q3K => matmul_blocks::<BlockQ3K>,
-        GgmlDType::Q4K => matmul_blocks::<BlockQ4K>,
-        GgmlDType::Q5K => matmul_blocks::<BlockQ5K>,
-        GgmlDType::Q6K => matmul_blocks::<BlockQ6K>,
+        GgmlDType::Q4_0 => {
+            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q4_0, w, mkn, x, y)
+        }
+        GgmlDType::Q4_1 => {
+            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q4_1, w, mkn, x, y)
+        }
+        GgmlDType::Q8_0 => {
+            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q8_0, w, mkn, x, y)
+        }
         _ => return None,
+    })
+}
+
+/// Our kernel for `dtype`, else candle's unpacked one (none for float types, which compute
+/// dense).
+fn compact_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
+    our_kernel(dtype).or(match dtype {
+        GgmlDType::Q5_0 => Some(matmul_blocks::<BlockQ5_0>),
+        GgmlDType::Q5_1 => Some(matmul_blocks::<BlockQ5_1>),
+        GgmlDType::Q2K => Some(matmul_blocks::<BlockQ2K>),
+        GgmlDType::Q3K => Some(matmul_blocks::<BlockQ3K>),
+        GgmlDType::Q4K => Some(matmul_blocks::<BlockQ4K>),
+        GgmlDType::Q5K => Some(matmul_blocks::<BlockQ5K>),
+        GgmlDType::Q6K => Some(matmul_blocks::<BlockQ6K>),
+        _ => None,
     })
 }
 
@@ -175,9 +193,20 @@ fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
     QMatMul::from_qtensor(QTensor::quantize(&dense, to)?).map(Kernel::Candle)
 }
 
-/// `x Wᵀ` for a quantized CPU matrix `w`, `(n, k)`, through candle's unpacked kernels
-/// (`k_quants::matmul`: activations quantized to 8 bits per block, as `QMatMul` does), reading
-/// the stored blocks in place.
+/// `mixed`'s decode copy: Q8_0, on CPU through our kernel.
+fn decode_copy(w: &Weight) -> Result<Kernel> {
+    Ok(
+        match (requantize(w, GgmlDType::Q8_0)?, our_kernel(GgmlDType::Q8_0)) {
+            (Kernel::Candle(QMatMul::QTensor(q)), Some(kernel)) if q.device().is_cpu() => {
+                Kernel::Compact(q, kernel)
+            }
+            (other, _) => other,
+        },
+    )
+}
+
+/// `x Wᵀ` for a quantized CPU matrix `w`, `(n, k)`, reading the stored blocks in place
+/// (activations quantized to 8 bits per block, as `QMatMul` does).
 fn compact_matmul(w: &QTensor, kernel: BlockMatmul, x: &Tensor) -> Result<Tensor> {
     let (n, k) = w.shape().dims2()?;
     if x.dim(candle_core::D::Minus1)? != k {
@@ -242,7 +271,7 @@ impl Linear {
             WeightFormat::Auto if quantized && WeightFormat::auto_dense(dtype, &w.device()) => {
                 (dense(&w)?, None)
             }
-            WeightFormat::Mixed => (dense(&w)?, Some(requantize(&w, GgmlDType::Q8_0)?)),
+            WeightFormat::Mixed => (dense(&w)?, Some(decode_copy(&w)?)),
             WeightFormat::Compact => match w {
                 Weight::Quantized(q) if q.device().is_cpu() => match compact_kernel(q.dtype()) {
                     Some(kernel) => (Kernel::Compact(q, kernel), None),

@@ -1,0 +1,198 @@
+//! Our quantized kernels (`lmhost_candle::kernels`), every path this CPU runs, against candle's
+//! dequantize-then-f32-matmul on random blocks, and the paths against each other.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use lmhost_candle::kernels::{self, Path};
+
+const TYPES: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+
+/// Against the dequantized matrix, as a fraction of `Σ |w_i| · amax(block of x_i)` (the dot
+/// product if every activation were its block's largest). Rounding an activation to 8 bits
+/// moves it by at most amax/254, and the f16 scales of the activation blocks add about 2⁻¹¹
+/// relative: at most ~4.4e-3 in the worst case, so 1/127 leaves room. Measured: see
+/// `kernels_match_dequantized_matmul`'s output (about 1e-3: roundings mostly cancel).
+const ACTIVATIONS: f32 = 1.0 / 127.0;
+/// AVX2 against scalar, same fraction: the same integer sums, only the f32 summation order
+/// differs.
+const SAME_INTEGERS: f32 = 1e-5;
+
+/// A deterministic xorshift stream of values in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// `rows × k` values, each 32-block with its own magnitude and each row its own offset
+    /// (so that Q4_1's minimum matters), as real activations and weights have.
+    fn matrix(&mut self, rows: usize, k: usize) -> Vec<f32> {
+        let mut v = Vec::with_capacity(rows * k);
+        for _ in 0..rows {
+            let offset = 0.3 * self.next();
+            for _ in 0..k / kernels::BLOCK {
+                let scale = 0.05 + 2.0 * self.next().abs();
+                v.extend((0..kernels::BLOCK).map(|_| offset + scale * self.next()));
+            }
+        }
+        v
+    }
+}
+
+/// `Σ_i |w_ji| · amax(x's block holding i)` for every (activation row r, weight row j).
+fn scales(x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f32> {
+    let amax: Vec<f32> = x
+        .chunks(kernels::BLOCK)
+        .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())))
+        .collect();
+    let kb = k / kernels::BLOCK;
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        for j in 0..n {
+            out[r * n + j] = (0..k)
+                .map(|i| w[j * k + i].abs() * amax[r * kb + i / kernels::BLOCK])
+                .sum();
+        }
+    }
+    out
+}
+
+fn ours(path: Path, q: &QTensor, mkn: (usize, usize, usize), x: &[f32]) -> Vec<f32> {
+    let mut dst = vec![0f32; mkn.0 * mkn.2];
+    kernels::matmul(path, q.dtype(), &q.data().unwrap(), mkn, x, &mut dst).unwrap();
+    dst
+}
+
+fn worst(a: &[f32], b: &[f32], scale: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .zip(scale)
+        .map(|((a, b), s)| (a - b).abs() / s)
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn kernels_match_dequantized_matmul() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    // 2 threads split one activation row over output rows and three rows over activation
+    // rows; 4 threads split each of the three rows over output rows.
+    for threads in [2, 4] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for dtype in TYPES {
+            let (mut vs_f32, mut vs_scalar) = (0f32, 0f32);
+            for k in [32, 64, 576] {
+                for m in [1, 3] {
+                    for n in [7, 49] {
+                        let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
+                        let x = rng.matrix(m, k);
+                        let q = QTensor::quantize(&w, dtype).unwrap();
+                        let dequantized = q.dequantize(&Device::Cpu).unwrap();
+                        let expected = Tensor::from_slice(&x, (m, k), &Device::Cpu)
+                            .unwrap()
+                            .matmul(&dequantized.t().unwrap())
+                            .unwrap()
+                            .flatten_all()
+                            .unwrap()
+                            .to_vec1::<f32>()
+                            .unwrap();
+                        let w = dequantized.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                        let scale = scales(&x, &w, (m, k, n));
+                        let results: Vec<Vec<f32>> = pool.install(|| {
+                            Path::available()
+                                .into_iter()
+                                .map(|path| ours(path, &q, (m, k, n), &x))
+                                .collect()
+                        });
+                        for (path, got) in Path::available().into_iter().zip(&results) {
+                            let err = worst(got, &expected, &scale);
+                            assert!(
+                                err <= ACTIVATIONS,
+                                "{dtype:?} {path:?} (m, k, n) = ({m}, {k}, {n}): {err}"
+                            );
+                            vs_f32 = vs_f32.max(err);
+                        }
+                        for got in &results[1..] {
+                            let err = worst(got, &results[0], &scale);
+                            assert!(
+                                err <= SAME_INTEGERS,
+                                "{dtype:?} AVX2 vs scalar (m, k, n) = ({m}, {k}, {n}): {err}"
+                            );
+                            vs_scalar = vs_scalar.max(err);
+                        }
+                    }
+                }
+            }
+            println!(
+                "{dtype:?}, {threads} threads: vs f32 {vs_f32:.2e}, vs scalar {vs_scalar:.2e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rows_must_be_whole_blocks() {
+    let data = vec![0u8; 7 * 32 * 18];
+    for path in Path::available() {
+        let err = kernels::matmul(
+            path,
+            GgmlDType::Q4_0,
+            &data,
+            (1, 1000, 7),
+            &[0.0; 1000],
+            &mut [0.0; 7],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not a multiple of 32"), "{err}");
+    }
+}
+
+#[test]
+fn wrong_sizes_are_refused() {
+    let q = QTensor::quantize(
+        &Tensor::zeros((7, 64), candle_core::DType::F32, &Device::Cpu).unwrap(),
+        GgmlDType::Q4_1,
+    )
+    .unwrap();
+    let data = q.data().unwrap();
+    for path in Path::available() {
+        let mut dst = [0.0; 7];
+        // The bytes of 7 rows of 64, read as 8 rows.
+        let err = kernels::matmul(
+            path,
+            GgmlDType::Q4_1,
+            &data,
+            (1, 64, 8),
+            &[0.0; 64],
+            &mut [0.0; 8],
+        );
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("bytes are not a (8, 64)"));
+        let err = kernels::matmul(
+            path,
+            GgmlDType::Q4_1,
+            &data,
+            (1, 64, 7),
+            &[0.0; 32],
+            &mut dst,
+        );
+        assert!(err.unwrap_err().to_string().contains("32 inputs"));
+        let err = kernels::matmul(
+            path,
+            GgmlDType::Q6K,
+            &data,
+            (1, 64, 7),
+            &[0.0; 64],
+            &mut dst,
+        );
+        assert!(err.unwrap_err().to_string().contains("no kernel for Q6K"));
+    }
+}
