@@ -15,6 +15,7 @@ pub mod whisper;
 
 use candle_core::{Result, Tensor};
 
+use crate::attention::{Attention, AttnParams};
 use crate::kv::KvState;
 
 /// The text architectures the plugin runs (option `model_class`, config.json `model_type`, GGUF
@@ -169,9 +170,85 @@ pub fn cat_rows(parts: &[Tensor]) -> Result<Option<Tensor>> {
     Tensor::cat(parts, 0).map(Some)
 }
 
+/// The rows of a packed pass: each sequence's start position, and every row's id and position
+/// in order.
+pub struct PackedRows {
+    pub starts: Vec<usize>,
+    pub ids: Vec<u32>,
+    pub positions: Vec<u32>,
+}
+
+impl PackedRows {
+    /// Read before layer 0 grows the states; refuses bad shares ([`check_shares`]) and a
+    /// position at or past `max_context`.
+    pub fn of(seqs: &[Seq<'_>], max_context: usize) -> Result<Self> {
+        let starts = check_shares(seqs)?;
+        let ids = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        let positions: Vec<u32> = seqs
+            .iter()
+            .zip(&starts)
+            .flat_map(|(s, &start)| (start..start + s.ids.len()).map(|p| p as u32))
+            .collect();
+        if let Some(&last) = positions.iter().max() {
+            if last as usize >= max_context {
+                candle_core::bail!(
+                    "position {last} is past the model's context of {max_context} tokens"
+                );
+            }
+        }
+        Ok(PackedRows {
+            starts,
+            ids,
+            positions,
+        })
+    }
+}
+
+/// Attention of every sequence of a packed pass, each sequence's queries against its own keys.
+/// `q`, `k`, `v` are `(1, heads, rows, head_dim)` over all rows of the pass (q and k already
+/// rotated); each sequence's keys and values are appended to its state at `layer`, after it
+/// adopts the prefix it shares with an earlier sequence. Returns `(1, rows, heads * head_dim)`.
+pub fn attend_packed(
+    attention: &dyn Attention,
+    layer: usize,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    seqs: &mut [Seq<'_>],
+    starts: &[usize],
+    scale: f64,
+    sliding_window: Option<usize>,
+) -> Result<Tensor> {
+    let (_, nh, rows, d) = q.dims4()?;
+    let n_rep = nh / k.dim(1)?;
+    let mut outs = Vec::with_capacity(seqs.len());
+    let mut row = 0;
+    for (j, &offset) in starts.iter().enumerate() {
+        let (earlier, rest) = seqs.split_at_mut(j);
+        let seq = &mut rest[0];
+        let n = seq.ids.len();
+        if let Some((i, shared)) = seq.share {
+            seq.kv.adopt(layer, earlier[i].kv, shared)?;
+        }
+        let (k, v) = seq
+            .kv
+            .append(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
+        let params = AttnParams {
+            scale,
+            n_rep,
+            offset,
+            sliding_window,
+        };
+        let q = q.narrow(2, row, n)?.contiguous()?;
+        outs.push(attention.forward(&q, &k, &v, &params)?);
+        row += n;
+    }
+    Tensor::cat(&outs, 2)?
+        .transpose(1, 2)?
+        .reshape((1, rows, nh * d))
+}
+
 /// Each sequence's start position, after checking that every share points at an earlier
 /// sequence, covers only positions that sequence will hold, and lands in an empty state.
-pub fn check_shares(seqs: &[Seq<'_>]) -> Result<Vec<usize>> {
+fn check_shares(seqs: &[Seq<'_>]) -> Result<Vec<usize>> {
     let starts: Vec<usize> = seqs.iter().map(Seq::start).collect();
     for (j, seq) in seqs.iter().enumerate() {
         if seq.ids.is_empty() {

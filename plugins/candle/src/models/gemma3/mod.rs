@@ -21,8 +21,8 @@ use candle_core::{DType, Result, Tensor};
 
 use super::llama::BuildOptions;
 use super::rope::{Rope, RopeRows};
-use super::{check_shares, packed_logits, Seq};
-use crate::attention::{Attention, AttnParams};
+use super::{attend_packed, packed_logits, PackedRows, Seq};
+use crate::attention::Attention;
 use crate::kv::KvState;
 use crate::weights::{Embedding, Linear, Weight, WeightSource};
 
@@ -225,30 +225,16 @@ impl Gemma3 {
         let q = rope.apply(&heads(b.q.forward(x)?, nh, Some(&b.q_norm))?)?;
         let k = rope.apply(&heads(b.k.forward(x)?, kvh, Some(&b.k_norm))?)?;
         let v = heads(b.v.forward(x)?, kvh, None)?.contiguous()?;
-        let mut outs = Vec::with_capacity(seqs.len());
-        let mut row = 0;
-        for (j, &offset) in starts.iter().enumerate() {
-            let (earlier, rest) = seqs.split_at_mut(j);
-            let seq = &mut rest[0];
-            let n = seq.ids.len();
-            if let Some((i, shared)) = seq.share {
-                seq.kv.adopt(layer, earlier[i].kv, shared)?;
-            }
-            let (k, v) = seq
-                .kv
-                .append(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
-            let params = AttnParams {
-                scale: 1.0 / cfg.query_pre_attn_scalar.sqrt(),
-                n_rep: nh / kvh,
-                offset,
-                sliding_window: b.window,
-            };
-            let q = q.narrow(2, row, n)?.contiguous()?;
-            outs.push(self.attention.forward(&q, &k, &v, &params)?);
-            row += n;
-        }
-        let y = Tensor::cat(&outs, 2)?;
-        b.o.forward(&y.transpose(1, 2)?.reshape((1, rows, nh * d))?)
+        let y = attend_packed(
+            self.attention.as_ref(),
+            layer,
+            (&q, &k, &v),
+            seqs,
+            starts,
+            1.0 / cfg.query_pre_attn_scalar.sqrt(),
+            b.window,
+        )?;
+        b.o.forward(&y)
     }
 
     fn mlp(b: &Block, x: &Tensor) -> Result<Tensor> {
@@ -269,22 +255,11 @@ impl Gemma3 {
     /// Runs the blocks over every sequence's ids, returning the final normalized hidden states
     /// of all rows, `(rows, h)`.
     fn trunk(&self, seqs: &mut [Seq<'_>]) -> Result<Tensor> {
-        // Read before layer 0 grows the states.
-        let starts = check_shares(seqs)?;
-        let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
-        let positions: Vec<u32> = seqs
-            .iter()
-            .zip(&starts)
-            .flat_map(|(s, &start)| (start..start + s.ids.len()).map(|p| p as u32))
-            .collect();
-        if let Some(&last) = positions.iter().max() {
-            if last as usize >= self.max_context {
-                candle_core::bail!(
-                    "position {last} is past the model's context of {} tokens",
-                    self.max_context
-                );
-            }
-        }
+        let PackedRows {
+            starts,
+            ids,
+            positions,
+        } = PackedRows::of(seqs, self.max_context)?;
         let local = self.local_rope.at(&positions)?;
         let global = self.global_rope.at(&positions)?;
         let mut x = self.embed_rows(&ids)?;
