@@ -19,29 +19,18 @@ use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
 
+use super::decoder::{candle_err, LoadResult, Loader, RmsNorm};
 use super::llama::BuildOptions;
 use super::rope::{Rope, RopeRows};
 use super::{attend_packed, packed_logits, PackedRows, Seq};
 use crate::attention::Attention;
 use crate::kv::KvState;
-use crate::weights::{Embedding, Linear, Weight, WeightSource};
+use crate::weights::{Embedding, Linear, WeightSource};
 
 pub use config::{
     local_layers, Gemma3Config, RopeParameters, TextConfig, ARCHITECTURE, LOCAL_ROPE_BASE,
     MODEL_TYPES, PATTERN,
 };
-
-struct RmsNorm {
-    weight: Tensor,
-    eps: f32,
-}
-
-impl RmsNorm {
-    /// Normalizes over the last axis of a contiguous tensor.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
-    }
-}
 
 struct Block {
     q: Linear,
@@ -76,66 +65,31 @@ pub struct Gemma3 {
     max_context: usize,
 }
 
-type LoadResult<T> = std::result::Result<T, String>;
-
-fn candle_err(name: &str) -> impl Fn(candle_core::Error) -> String + '_ {
-    move |e| format!("tensor `{name}`: {e}")
-}
-
-/// Reads tensors by Hugging Face name, checking shapes against the config.
-struct Loader<'a> {
-    src: &'a mut dyn WeightSource,
-    opts: &'a BuildOptions,
-}
-
-impl Loader<'_> {
-    fn weight(&mut self, name: &str, shape: &[usize]) -> LoadResult<Weight> {
-        self.src.get(name, shape)
-    }
-
-    /// `{name}.weight`, shaped `(out, inp)`.
-    fn linear(&mut self, name: &str, out: usize, inp: usize) -> LoadResult<Linear> {
-        let w = self.weight(&format!("{name}.weight"), &[out, inp])?;
-        let opts = self.opts;
-        Linear::new(w, None, opts.format, opts.dtype).map_err(candle_err(name))
-    }
-
-    /// `{name}.weight`, shaped `(size)`: the multiplier 1 + w (see the module doc).
-    fn norm(&mut self, name: &str, size: usize, eps: f64) -> LoadResult<RmsNorm> {
-        let name = format!("{name}.weight");
-        let w = self.weight(&name, &[size])?;
-        let weight = w.dense(self.opts.dtype).map_err(candle_err(&name))?;
-        Ok(RmsNorm {
-            weight,
-            eps: eps as f32,
-        })
-    }
-
-    fn block(&mut self, cfg: &Gemma3Config, i: usize) -> LoadResult<Block> {
-        let (h, d, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
-        let (nh, kvh, ffn) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.intermediate_size,
-        );
-        let p = format!("model.layers.{i}");
-        Ok(Block {
-            q: self.linear(&format!("{p}.self_attn.q_proj"), nh * d, h)?,
-            k: self.linear(&format!("{p}.self_attn.k_proj"), kvh * d, h)?,
-            v: self.linear(&format!("{p}.self_attn.v_proj"), kvh * d, h)?,
-            o: self.linear(&format!("{p}.self_attn.o_proj"), h, nh * d)?,
-            q_norm: self.norm(&format!("{p}.self_attn.q_norm"), d, eps)?,
-            k_norm: self.norm(&format!("{p}.self_attn.k_norm"), d, eps)?,
-            gate: self.linear(&format!("{p}.mlp.gate_proj"), ffn, h)?,
-            up: self.linear(&format!("{p}.mlp.up_proj"), ffn, h)?,
-            down: self.linear(&format!("{p}.mlp.down_proj"), h, ffn)?,
-            attn_norm: self.norm(&format!("{p}.input_layernorm"), h, eps)?,
-            post_attn_norm: self.norm(&format!("{p}.post_attention_layernorm"), h, eps)?,
-            ffn_norm: self.norm(&format!("{p}.pre_feedforward_layernorm"), h, eps)?,
-            post_ffn_norm: self.norm(&format!("{p}.post_feedforward_layernorm"), h, eps)?,
-            window: cfg.sliding_window.filter(|_| cfg.local_layers[i]),
-        })
-    }
+/// Block `i`, its norm weights used as stored: the multiplier 1 + w (see the module doc).
+fn block(l: &mut Loader<'_>, cfg: &Gemma3Config, i: usize) -> LoadResult<Block> {
+    let (h, d, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+    let (nh, kvh, ffn) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+    );
+    let p = format!("model.layers.{i}");
+    Ok(Block {
+        q: l.linear(&format!("{p}.self_attn.q_proj"), nh * d, h, false)?,
+        k: l.linear(&format!("{p}.self_attn.k_proj"), kvh * d, h, false)?,
+        v: l.linear(&format!("{p}.self_attn.v_proj"), kvh * d, h, false)?,
+        o: l.linear(&format!("{p}.self_attn.o_proj"), h, nh * d, false)?,
+        q_norm: l.norm(&format!("{p}.self_attn.q_norm"), d, eps)?,
+        k_norm: l.norm(&format!("{p}.self_attn.k_norm"), d, eps)?,
+        gate: l.linear(&format!("{p}.mlp.gate_proj"), ffn, h, false)?,
+        up: l.linear(&format!("{p}.mlp.up_proj"), ffn, h, false)?,
+        down: l.linear(&format!("{p}.mlp.down_proj"), h, ffn, false)?,
+        attn_norm: l.norm(&format!("{p}.input_layernorm"), h, eps)?,
+        post_attn_norm: l.norm(&format!("{p}.post_attention_layernorm"), h, eps)?,
+        ffn_norm: l.norm(&format!("{p}.pre_feedforward_layernorm"), h, eps)?,
+        post_ffn_norm: l.norm(&format!("{p}.post_feedforward_layernorm"), h, eps)?,
+        window: cfg.sliding_window.filter(|_| cfg.local_layers[i]),
+    })
 }
 
 impl Gemma3 {
@@ -152,11 +106,11 @@ impl Gemma3 {
         let embed = Embedding::new(&embed_w, opts.dtype)
             .map_err(candle_err("model.embed_tokens.weight"))?;
         let blocks = (0..cfg.num_hidden_layers)
-            .map(|i| loader.block(&cfg, i))
+            .map(|i| block(&mut loader, &cfg, i))
             .collect::<LoadResult<Vec<_>>>()?;
         let norm = loader.norm("model.norm", h, cfg.rms_norm_eps)?;
         let lm_head = if loader.src.contains("lm_head.weight") {
-            loader.linear("lm_head", vocab, h)?
+            loader.linear("lm_head", vocab, h, false)?
         } else {
             Linear::new(embed_w, None, opts.format, opts.dtype).map_err(candle_err("lm_head"))?
         };
