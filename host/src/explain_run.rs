@@ -412,6 +412,24 @@ pub(crate) fn run_key(
     )
 }
 
+/// What a generated answer depends on: the setup, whether embeddings came with it, and the
+/// conversation. The run directory keys answers by it; `reanalyze` looks them up by it.
+pub(crate) fn answer_key(
+    setup_key: &serde_json::Value,
+    settings: &ExplanationConfig,
+    conversation: &ConversationSnapshot,
+) -> String {
+    digest(
+        serde_json::json!({
+            "setup": setup_key,
+            "embeddings": settings.value == crate::explain::ValueKind::EmbeddingCosine,
+            "conversation": prompt_key(conversation),
+        })
+        .to_string()
+        .as_bytes(),
+    )
+}
+
 fn base_answer(
     model: &BackendModel<'_>,
     settings: &ExplanationConfig,
@@ -428,15 +446,7 @@ fn base_answer(
         return Ok((answer, ReplySource::Given));
     }
     let embeddings = settings.value == crate::explain::ValueKind::EmbeddingCosine;
-    let answer_key = digest(
-        serde_json::json!({
-            "setup": setup_key,
-            "embeddings": embeddings,
-            "conversation": prompt_key(conversation),
-        })
-        .to_string()
-        .as_bytes(),
-    );
+    let answer_key = answer_key(setup_key, settings, conversation);
     if let Some(answer) = store
         .map(|s| s.base_answer(&answer_key))
         .transpose()?

@@ -19,9 +19,11 @@ use lmhost_plugin_api::ConversationSnapshot;
 
 use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
-use crate::explain::{BaseAnswer, EstimatorKind, Plan, Players, ValueKind};
-use crate::explain_run::{in_rounds, run_key, setup_key, Outcome, ReplySource, RunStats};
-use crate::run_store::{digest, prompt_key, RunStore};
+use crate::explain::{BaseAnswer, EstimatorKind, Plan, Players};
+use crate::explain_run::{
+    answer_key, in_rounds, run_key, setup_key, Outcome, ReplySource, RunStats,
+};
+use crate::run_store::{prompt_key, RunStore};
 use crate::{plugins, Host};
 
 /// Explains `conversation` as `config.explanation` says, from the values in `run_dir` alone.
@@ -56,7 +58,7 @@ pub fn run(
     let dirs = plugins::search_dirs(&config.plugin_dirs);
     let plugin = host.registry().find(&config.backend.kind, &dirs)?.0.name();
 
-    // Keys as `explain_run::run` makes them (keep the two in step).
+    // Keys made by the same functions `explain_run::run` uses.
     let setup_key = setup_key(config, &settings, &plugin);
     let (base, reply_source) = match reply {
         Some(text) => (
@@ -67,15 +69,7 @@ pub fn run(
             ReplySource::Given,
         ),
         None => {
-            let answer_key = digest(
-                serde_json::json!({
-                    "setup": setup_key,
-                    "embeddings": settings.value == ValueKind::EmbeddingCosine,
-                    "conversation": prompt_key(conversation),
-                })
-                .to_string()
-                .as_bytes(),
-            );
+            let answer_key = answer_key(&setup_key, &settings, conversation);
             let answer = store.base_answer(&answer_key)?.ok_or_else(|| {
                 fail(format!(
                     "holds no answer to this conversation from `{plugin}` with this model, \
