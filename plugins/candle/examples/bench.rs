@@ -161,7 +161,8 @@ fn main() -> anyhow::Result<()> {
             println!("threads = {threads}");
             let base = reference(&ids)?;
             row("quantized_llama (Q4_1)", &base, &base);
-            for weights in ["as_stored", "compact", "f32", "q8_0", "q4_0", "mixed"] {
+            let weights = env_or("BENCH_WEIGHTS", "as_stored,compact,f32,q8_0,q4_0,mixed");
+            for weights in weights.split(',') {
                 row(weights, &ours(weights, &ids)?, &base);
             }
             Ok(())

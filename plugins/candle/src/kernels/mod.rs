@@ -127,6 +127,9 @@ struct BlockQ8 {
 /// A weight block type and its dot product with quantized activations, one row of each.
 trait Block: Sized + Sync {
     const DTYPE: GgmlDType;
+    /// Weights per block: [`BLOCK`], or 256 for the K-quants' super-blocks. A dot product gets
+    /// `VALUES / BLOCK` activation blocks per weight block.
+    const VALUES: usize = BLOCK;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32;
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32;
@@ -176,7 +179,14 @@ fn run<W: Block>(
     lhs: &[f32],
     dst: &mut [f32],
 ) -> Result<()> {
-    let kb = k / BLOCK;
+    if k % W::VALUES != 0 {
+        bail!(
+            "quantized matmul: rows of {k} values are not whole {:?} blocks of {}",
+            W::DTYPE,
+            W::VALUES
+        );
+    }
+    let kb = k / W::VALUES;
     let size = std::mem::size_of::<W>();
     if data.len() != n * kb * size {
         bail!(
@@ -190,10 +200,10 @@ fn run<W: Block>(
     let w = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<W>(), n * kb) };
     let x = quantize(lhs);
     match path {
-        Path::Scalar => split(w, &x, kb, dst, W::dot_scalar),
+        Path::Scalar => split(w, &x, (kb, k / BLOCK), dst, W::dot_scalar),
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => match avx2::Avx2::detect() {
-            Some(cpu) => split(w, &x, kb, dst, |w, x| W::dot_avx2(cpu, w, x)),
+            Some(cpu) => split(w, &x, (kb, k / BLOCK), dst, |w, x| W::dot_avx2(cpu, w, x)),
             None => bail!("quantized matmul: this CPU has no AVX2, FMA and F16C"),
         },
         #[cfg(not(target_arch = "x86_64"))]
@@ -226,18 +236,19 @@ fn quantize(lhs: &[f32]) -> Vec<BlockQ8> {
         .collect()
 }
 
-/// Fills `dst` (`(m, n)`) in parallel. One activation row: chunks of output rows, a few per
-/// thread so two threads share the weights. Several: whole activation rows per task, each task
-/// streaming the weights once for all of its rows.
+/// Fills `dst` (`(m, n)`) in parallel; a weight row is `wb` blocks, an activation row `xb`.
+/// One activation row: chunks of output rows, a few per thread so two threads share the
+/// weights. Several: whole activation rows per task, each task streaming the weights once for
+/// all of its rows.
 fn split<W: Sync>(
     w: &[W],
     x: &[BlockQ8],
-    kb: usize,
+    (wb, xb): (usize, usize),
     dst: &mut [f32],
     dot: impl Fn(&[W], &[BlockQ8]) -> f32 + Sync,
 ) {
-    let m = x.len() / kb;
-    let n = w.len() / kb;
+    let m = x.len() / xb;
+    let n = w.len() / wb;
     if m == 0 || n == 0 {
         return;
     }
@@ -245,14 +256,14 @@ fn split<W: Sync>(
     if m >= threads {
         let rows = m.div_ceil(threads);
         dst.par_chunks_mut(rows * n)
-            .zip(x.par_chunks(rows * kb))
-            .for_each(|(out, x)| tile(w, x, kb, out, &dot));
+            .zip(x.par_chunks(rows * xb))
+            .for_each(|(out, x)| tile(w, x, (wb, xb), out, &dot));
     } else {
         let chunk = n.div_ceil(4 * threads).max(16);
-        for (out, x) in dst.chunks_mut(n).zip(x.chunks(kb)) {
+        for (out, x) in dst.chunks_mut(n).zip(x.chunks(xb)) {
             out.par_chunks_mut(chunk)
-                .zip(w.par_chunks(chunk * kb))
-                .for_each(|(out, w)| tile(w, x, kb, out, &dot));
+                .zip(w.par_chunks(chunk * wb))
+                .for_each(|(out, w)| tile(w, x, (wb, xb), out, &dot));
         }
     }
 }
@@ -262,13 +273,13 @@ fn split<W: Sync>(
 fn tile<W>(
     w: &[W],
     x: &[BlockQ8],
-    kb: usize,
+    (wb, xb): (usize, usize),
     out: &mut [f32],
     dot: &impl Fn(&[W], &[BlockQ8]) -> f32,
 ) {
-    let width = w.len() / kb;
-    for (j, w) in w.chunks_exact(kb).enumerate() {
-        for (r, x) in x.chunks_exact(kb).enumerate() {
+    let width = w.len() / wb;
+    for (j, w) in w.chunks_exact(wb).enumerate() {
+        for (r, x) in x.chunks_exact(xb).enumerate() {
             out[r * width + j] = dot(w, x);
         }
     }
