@@ -8,15 +8,13 @@
 //! On x86 and aarch64 CPUs candle's quantized matmul keeps a second, repacked copy of Q4_K and
 //! Q6_K matrices (and of Q8_0 on VNNI x86 CPUs, Q4_0 and Q5_K on aarch64), made on first use:
 //! prefill of many rows runs 4-6x faster, but a Q4_K model takes about 2.3x its file size.
-//! `compact` runs the stored blocks in place instead, no second copy: Q4_0, Q4_1 and Q8_0
-//! through our own kernels ([`crate::kernels`], llama.cpp's integer dot products), other types
-//! through candle's unpacked ones.
+//! `compact` runs the stored blocks in place instead, no second copy: Q4_0, Q4_1, Q5_0, Q8_0,
+//! Q4_K and Q6_K through our own kernels ([`crate::kernels`], llama.cpp's integer dot
+//! products), other types through candle's unpacked ones.
 
 use std::sync::Arc;
 
-use candle_core::quantized::k_quants::{
-    self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-};
+use candle_core::quantized::k_quants::{self, BlockQ2K, BlockQ3K, BlockQ5K, BlockQ5_1};
 use candle_core::quantized::{GgmlDType, GgmlType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 
@@ -165,6 +163,15 @@ fn our_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
         GgmlDType::Q8_0 => {
             |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q8_0, w, mkn, x, y)
         }
+        GgmlDType::Q5_0 => {
+            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q5_0, w, mkn, x, y)
+        }
+        GgmlDType::Q4K => {
+            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q4K, w, mkn, x, y)
+        }
+        GgmlDType::Q6K => {
+            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q6K, w, mkn, x, y)
+        }
         _ => return None,
     })
 }
@@ -173,13 +180,10 @@ fn our_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
 /// dense).
 fn compact_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
     our_kernel(dtype).or(match dtype {
-        GgmlDType::Q5_0 => Some(matmul_blocks::<BlockQ5_0>),
         GgmlDType::Q5_1 => Some(matmul_blocks::<BlockQ5_1>),
         GgmlDType::Q2K => Some(matmul_blocks::<BlockQ2K>),
         GgmlDType::Q3K => Some(matmul_blocks::<BlockQ3K>),
-        GgmlDType::Q4K => Some(matmul_blocks::<BlockQ4K>),
         GgmlDType::Q5K => Some(matmul_blocks::<BlockQ5K>),
-        GgmlDType::Q6K => Some(matmul_blocks::<BlockQ6K>),
         _ => None,
     })
 }

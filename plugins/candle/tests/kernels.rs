@@ -1,17 +1,34 @@
 //! Our quantized kernels (`lmhost_candle::kernels`), every path this CPU runs, against candle's
 //! dequantize-then-f32-matmul on random blocks, and the paths against each other.
 
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::k_quants::{self, BlockQ4K, BlockQ5_0, BlockQ6K, GgmlType};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
 use lmhost_candle::kernels::{self, Path};
 
-const TYPES: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+/// The types with kernels and the row lengths each is tested at: whole blocks of the type,
+/// several 256-value super-blocks for the K-quants, and Gemma 3 270M's 640 for Q5_0.
+const TYPES: [(GgmlDType, [usize; 3]); 6] = [
+    (GgmlDType::Q4_0, [32, 64, 576]),
+    (GgmlDType::Q4_1, [32, 64, 576]),
+    (GgmlDType::Q8_0, [32, 64, 576]),
+    (GgmlDType::Q5_0, [32, 576, 640]),
+    (GgmlDType::Q4K, [256, 512, 768]),
+    (GgmlDType::Q6K, [256, 512, 768]),
+];
 
 /// Against the dequantized matrix, as a fraction of `Σ |w_i| · amax(block of x_i)` (the dot
 /// product if every activation were its block's largest). Rounding an activation to 8 bits
 /// moves it by at most amax/254, and the f16 scales of the activation blocks add about 2⁻¹¹
-/// relative: at most ~4.4e-3 in the worst case, so 1/127 leaves room. Measured: see
-/// `kernels_match_dequantized_matmul`'s output (about 1e-3: roundings mostly cancel).
+/// relative: at most ~4.4e-3 in the worst case, so 1/127 leaves room. The weights enter
+/// exactly (integers times their f32 or f16 scales and minimums), so this holds for every type;
+/// for the K-quants too, whose activations are quantized per 32 values like the others' (with
+/// llama.cpp's Q8_K, one scale per 256, amax would be the super-block's largest instead).
+/// Measured: see `kernels_match_dequantized_matmul`'s output (about 1e-3: roundings mostly
+/// cancel).
 const ACTIVATIONS: f32 = 1.0 / 127.0;
 /// AVX2 against scalar, same fraction: the same integer sums, only the f32 summation order
 /// differs.
@@ -85,9 +102,9 @@ fn kernels_match_dequantized_matmul() {
             .num_threads(threads)
             .build()
             .unwrap();
-        for dtype in TYPES {
+        for (dtype, ks) in TYPES {
             let (mut vs_f32, mut vs_scalar) = (0f32, 0f32);
-            for k in [32, 64, 576] {
+            for k in ks {
                 for m in [1, 3] {
                     for n in [7, 49] {
                         let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
@@ -187,12 +204,108 @@ fn wrong_sizes_are_refused() {
         assert!(err.unwrap_err().to_string().contains("32 inputs"));
         let err = kernels::matmul(
             path,
-            GgmlDType::Q6K,
+            GgmlDType::Q5K,
             &data,
             (1, 64, 7),
             &[0.0; 64],
             &mut dst,
         );
-        assert!(err.unwrap_err().to_string().contains("no kernel for Q6K"));
+        assert!(err.unwrap_err().to_string().contains("no kernel for Q5K"));
     }
+}
+
+#[test]
+fn k_quant_rows_must_be_whole_super_blocks() {
+    // 288 values are whole 32-value activation blocks but not whole 256-value super-blocks
+    // (refused before the bytes are looked at).
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        for path in Path::available() {
+            let err = kernels::matmul(path, dtype, &[], (1, 288, 7), &[0.0; 288], &mut [0.0; 7])
+                .unwrap_err()
+                .to_string();
+            let expected = format!("rows of 288 values are not whole {dtype:?} blocks of 256");
+            assert!(err.contains(&expected), "{err}");
+        }
+    }
+}
+
+/// One activation row (decode) through our fastest path (AVX2 for these types where AVX-512
+/// is best), candle's `QMatMul` (which may repack
+/// the matrix on first use) and candle's kernel on the stored blocks (what `weights = compact`
+/// ran for these types before), on Gemma 3 270M's shapes: Q5_0 for its 640-wide inputs, the
+/// K-quants for the 2048-wide one. Not asserted; run with
+/// `cargo test --release --workspace --test kernels -- --ignored --nocapture` (the thread
+/// count is rayon's and candle's, `RAYON_NUM_THREADS`).
+#[test]
+#[ignore = "timing, not a check"]
+fn decode_speed() {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    let cases = [
+        (
+            GgmlDType::Q5_0,
+            (2048, 640),
+            unpacked::<BlockQ5_0> as Unpacked,
+        ),
+        (GgmlDType::Q4K, (640, 2048), unpacked::<BlockQ4K>),
+        (GgmlDType::Q6K, (640, 2048), unpacked::<BlockQ6K>),
+    ];
+    for (dtype, (n, k), candle_unpacked) in cases {
+        let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
+        let q = Arc::new(QTensor::quantize(&w, dtype).unwrap());
+        let x = rng.matrix(1, k);
+        let data = q.data().unwrap();
+        let qmatmul = QMatMul::from_arc(q.clone()).unwrap();
+        let xt = Tensor::from_slice(&x, (1, k), &Device::Cpu).unwrap();
+        // Each call allocates its output, as `QMatMul` does.
+        let ours = |path| {
+            let mut dst = vec![0f32; n];
+            kernels::matmul(path, dtype, &data, (1, k, n), &x, &mut dst).unwrap();
+        };
+        // On a pool's thread, as the plugin runs models (from outside, each call would also
+        // wait for a worker to wake).
+        let [ours, candle, unpacked] = pool.install(|| {
+            race([
+                &mut || ours(Path::best()),
+                &mut || drop(qmatmul.forward(&xt).unwrap()),
+                &mut || candle_unpacked(&data, (1, k, n), &x, &mut vec![0f32; n]),
+            ])
+        });
+        println!(
+            "{dtype:?} ({n}, {k}), {} threads: ours ({:?}) {ours:.1?}, candle QMatMul \
+             {candle:.1?}, candle unpacked {unpacked:.1?}",
+            pool.current_num_threads(),
+            Path::best(),
+        );
+    }
+}
+
+type Unpacked = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]);
+
+/// candle's kernel on a QTensor's stored blocks of type `T`.
+fn unpacked<T: GgmlType>(data: &[u8], mkn: (usize, usize, usize), x: &[f32], dst: &mut [f32]) {
+    assert_eq!(data.as_ptr().align_offset(std::mem::align_of::<T>()), 0);
+    let count = data.len() / std::mem::size_of::<T>();
+    // SAFETY: a CPU QTensor's bytes are a Vec of its block type (plain integers and f16, any
+    // bit pattern valid), borrowed: aligned (checked) and whole blocks.
+    let blocks = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), count) };
+    k_quants::matmul(mkn, x, blocks, dst).unwrap();
+}
+
+/// The time of one call of each of `fs`, the least over 200 batches of 5 taken in turns (after
+/// a warm-up): other processes only ever add time, and on a busy machine a short batch is
+/// likelier to run undisturbed.
+fn race<const N: usize>(mut fs: [&mut (dyn FnMut() + Send); N]) -> [Duration; N] {
+    for f in fs.iter_mut() {
+        (0..20).for_each(|_| f());
+    }
+    let mut best = [Duration::MAX; N];
+    for _ in 0..200 {
+        for (f, best) in fs.iter_mut().zip(&mut best) {
+            let start = Instant::now();
+            (0..5).for_each(|_| f());
+            *best = (*best).min(start.elapsed() / 5);
+        }
+    }
+    best
 }

@@ -36,7 +36,7 @@ impl Avx2 {
 
 /// A block's 32 nibbles as bytes 0..15, in value order (low nibbles first).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn nibbles(qs: &[u8; 16]) -> __m256i {
+pub(super) fn nibbles(qs: &[u8; 16]) -> __m256i {
     // SAFETY: `qs` is 16 readable bytes; the load is unaligned.
     let packed = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
     let both = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
@@ -45,7 +45,7 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
 
 /// A block's 32 activations.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn activations(x: &BlockQ8) -> __m256i {
+pub(super) fn activations(x: &BlockQ8) -> __m256i {
     // SAFETY: `qs` is 32 readable bytes; the load is unaligned.
     unsafe { _mm256_loadu_si256(x.qs.as_ptr().cast()) }
 }
@@ -53,13 +53,13 @@ fn activations(x: &BlockQ8) -> __m256i {
 /// Σ u·s as eight f32 lanes, `u` unsigned bytes, `s` signed. `maddubs` saturates its i16 pair
 /// sums, which never happens here: u ≤ 128 (nibbles, or |q| of Q8_0) and |s| ≤ 127.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256 {
+pub(super) fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256 {
     let pairs = _mm256_maddubs_epi16(u, s);
     _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
@@ -67,7 +67,7 @@ fn hsum(v: __m256) -> f32 {
 
 /// Two adjacent f16 values (`d` and `m` of a block, or `d` and whatever follows) as f32.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16_pair(bytes: [u8; 4]) -> (f32, f32) {
+pub(super) fn f16_pair(bytes: [u8; 4]) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(bytes)));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }

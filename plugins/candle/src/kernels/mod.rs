@@ -3,12 +3,20 @@
 //! it is scaled once. Decode streams every weight once per token, so reading 4-bit blocks and
 //! multiplying integers is what makes it fast; candle's Q4_1 CPU kernel has no SIMD path.
 //!
-//! Q4_0, Q4_1 and Q8_0 (the types of SmolLM2's GGUF and of the requantized formats), read in
-//! place from a candle `QTensor`'s bytes. An AVX2 path is chosen at run time; the scalar one
-//! runs everywhere and computes the same integer sums.
+//! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K (SmolLM2's GGUF, a Q4_K_M file's mix, and the
+//! requantized formats), read in place from a candle `QTensor`'s bytes. The K-quants' 256-value
+//! super-blocks meet eight activation blocks, so their activations round per 32 values, finer
+//! than llama.cpp's Q8_K. The fastest path this CPU has is chosen at run time: AVX-512 VNNI
+//! (Q4_0, Q4_1, Q8_0; the others through AVX2), AVX2, or the scalar one, which runs everywhere
+//! and computes the same integer sums.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod kquants;
+#[cfg(target_arch = "x86_64")]
+mod kquants_avx2;
 mod scalar;
 
 use candle_core::quantized::GgmlDType;
@@ -16,8 +24,16 @@ use candle_core::{bail, Result};
 use half::f16;
 use rayon::prelude::*;
 
-/// Values per block, in every type here.
+/// Values per activation block, and per weight block in the 32-value types.
 pub const BLOCK: usize = 32;
+
+/// Activation rows one pass over the weights serves: each weight block is loaded and unpacked
+/// once for all of them (where the path can), which is what makes a packed pass of a few
+/// decode rows cheaper than as many single-row passes.
+const ROWS: usize = 4;
+
+/// Weight rows computed together, one per 128-bit lane of the AVX-512 kernels.
+const WROWS: usize = 4;
 
 /// Which implementation computes the dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,38 +41,44 @@ pub enum Path {
     Scalar,
     /// AVX2 with FMA and F16C; refused on a CPU without them.
     Avx2,
+    /// AVX-512 F, BW and VNNI (with the above), two blocks per instruction.
+    Avx512,
 }
 
 impl Path {
     /// The paths this CPU runs, scalar first.
     pub fn available() -> Vec<Path> {
         let mut paths = vec![Path::Scalar];
-        if avx2_detected() {
-            paths.push(Path::Avx2);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx2::Avx2::detect().is_some() {
+                paths.push(Path::Avx2);
+            }
+            if avx512::Avx512::detect().is_some() {
+                paths.push(Path::Avx512);
+            }
         }
         paths
     }
 
     /// The fastest path this CPU runs.
     pub fn best() -> Path {
-        if avx2_detected() {
-            Path::Avx2
-        } else {
-            Path::Scalar
-        }
+        static BEST: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| Path::available().last().copied().unwrap_or(Path::Scalar))
     }
-}
-
-fn avx2_detected() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return avx2::Avx2::detect().is_some();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// Whether [`matmul`] has a kernel for `dtype`.
 pub fn supports(dtype: GgmlDType) -> bool {
-    matches!(dtype, GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q8_0)
+    matches!(
+        dtype,
+        GgmlDType::Q4_0
+            | GgmlDType::Q4_1
+            | GgmlDType::Q8_0
+            | GgmlDType::Q5_0
+            | GgmlDType::Q4K
+            | GgmlDType::Q6K
+    )
 }
 
 /// `dst = lhs · Wᵀ`: `lhs` is `(m, k)` row-major f32, `data` the stored bytes of a `(n, k)`
@@ -86,6 +108,9 @@ pub fn matmul(
         GgmlDType::Q4_0 => run::<BlockQ4_0>(path, data, (k, n), lhs, dst),
         GgmlDType::Q4_1 => run::<BlockQ4_1>(path, data, (k, n), lhs, dst),
         GgmlDType::Q8_0 => run::<BlockQ8_0>(path, data, (k, n), lhs, dst),
+        GgmlDType::Q5_0 => run::<kquants::BlockQ5_0>(path, data, (k, n), lhs, dst),
+        GgmlDType::Q4K => run::<kquants::BlockQ4K>(path, data, (k, n), lhs, dst),
+        GgmlDType::Q6K => run::<kquants::BlockQ6K>(path, data, (k, n), lhs, dst),
         _ => bail!("quantized matmul: no kernel for {dtype:?}"),
     }
 }
@@ -133,6 +158,19 @@ trait Block: Sized + Sync {
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32;
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32;
+    /// Up to [`WROWS`] weight rows of `wb` blocks (consecutive in `w`) against each of `xs`
+    /// (at most [`ROWS`]), into `out[j][r]`; AVX2 pair by pair where a type has no AVX-512
+    /// kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn dot_avx512(
+        cpu: avx512::Avx512,
+        w: &[Self],
+        wb: usize,
+        xs: &[&[BlockQ8]],
+        out: &mut [[f32; ROWS]; WROWS],
+    ) {
+        pairwise(|w, x| Self::dot_avx2(cpu.avx2(), w, x))(w, wb, xs, out)
+    }
 }
 
 impl Block for BlockQ4_0 {
@@ -143,6 +181,16 @@ impl Block for BlockQ4_0 {
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32 {
         cpu.dot_q4_0(w, x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn dot_avx512(
+        cpu: avx512::Avx512,
+        w: &[Self],
+        wb: usize,
+        xs: &[&[BlockQ8]],
+        out: &mut [[f32; ROWS]; WROWS],
+    ) {
+        cpu.dot_nibbles(w, wb, xs, out)
     }
 }
 
@@ -155,6 +203,16 @@ impl Block for BlockQ4_1 {
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32 {
         cpu.dot_q4_1(w, x)
     }
+    #[cfg(target_arch = "x86_64")]
+    fn dot_avx512(
+        cpu: avx512::Avx512,
+        w: &[Self],
+        wb: usize,
+        xs: &[&[BlockQ8]],
+        out: &mut [[f32; ROWS]; WROWS],
+    ) {
+        cpu.dot_nibbles(w, wb, xs, out)
+    }
 }
 
 impl Block for BlockQ8_0 {
@@ -165,6 +223,16 @@ impl Block for BlockQ8_0 {
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32 {
         cpu.dot_q8_0(w, x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn dot_avx512(
+        cpu: avx512::Avx512,
+        w: &[Self],
+        wb: usize,
+        xs: &[&[BlockQ8]],
+        out: &mut [[f32; ROWS]; WROWS],
+    ) {
+        cpu.dot_q8_0(w, wb, xs, out)
     }
 }
 
@@ -199,17 +267,40 @@ fn run<W: Block>(
     // pattern valid), and `data` holds exactly `n * kb` of them (checked above).
     let w = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<W>(), n * kb) };
     let x = quantize(lhs);
+    let blocks = (kb, k / BLOCK);
     match path {
-        Path::Scalar => split(w, &x, (kb, k / BLOCK), dst, W::dot_scalar),
+        Path::Scalar => split(w, &x, blocks, dst, pairwise(W::dot_scalar)),
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => match avx2::Avx2::detect() {
-            Some(cpu) => split(w, &x, (kb, k / BLOCK), dst, |w, x| W::dot_avx2(cpu, w, x)),
+            Some(cpu) => split(w, &x, blocks, dst, pairwise(|w, x| W::dot_avx2(cpu, w, x))),
             None => bail!("quantized matmul: this CPU has no AVX2, FMA and F16C"),
         },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => match avx512::Avx512::detect() {
+            Some(cpu) => split(w, &x, blocks, dst, |w, wb, xs, out| {
+                W::dot_avx512(cpu, w, wb, xs, out)
+            }),
+            None => bail!("quantized matmul: this CPU has no AVX-512 F, BW and VNNI"),
+        },
         #[cfg(not(target_arch = "x86_64"))]
-        Path::Avx2 => bail!("quantized matmul: AVX2 exists only on x86_64"),
+        Path::Avx2 | Path::Avx512 => bail!("quantized matmul: {path:?} exists only on x86_64"),
     }
     Ok(())
+}
+
+/// What computes a tile: weight rows of `wb` blocks against activation rows, `out[j][r]`.
+trait TileDot<W>: Fn(&[W], usize, &[&[BlockQ8]], &mut [[f32; ROWS]; WROWS]) + Sync {}
+impl<W, F: Fn(&[W], usize, &[&[BlockQ8]], &mut [[f32; ROWS]; WROWS]) + Sync> TileDot<W> for F {}
+
+/// A one-row dot product applied to each (weight row, activation row) pair of a tile.
+fn pairwise<W>(dot: impl Fn(&[W], &[BlockQ8]) -> f32 + Sync) -> impl TileDot<W> {
+    move |w, wb, xs, out| {
+        for (w, out) in w.chunks_exact(wb).zip(out.iter_mut()) {
+            for (x, out) in xs.iter().zip(out.iter_mut()) {
+                *out = dot(w, x);
+            }
+        }
+    }
 }
 
 /// Activations to 8 bits per block (llama.cpp's `quantize_row_q8_1`). Rows are whole blocks,
@@ -236,51 +327,63 @@ fn quantize(lhs: &[f32]) -> Vec<BlockQ8> {
         .collect()
 }
 
-/// Fills `dst` (`(m, n)`) in parallel; a weight row is `wb` blocks, an activation row `xb`.
-/// One activation row: chunks of output rows, a few per thread so two threads share the
-/// weights. Several: whole activation rows per task, each task streaming the weights once for
-/// all of its rows.
+/// Fills `dst` (`(m, n)`) in parallel over chunks of weight rows, a few per thread, so that
+/// the weights are read once however many activation rows there are. A weight row is `wb`
+/// blocks, an activation row `xb`. Several rows are computed as `dstᵀ` and transposed (one
+/// row needs neither).
 fn split<W: Sync>(
     w: &[W],
     x: &[BlockQ8],
     (wb, xb): (usize, usize),
     dst: &mut [f32],
-    dot: impl Fn(&[W], &[BlockQ8]) -> f32 + Sync,
+    dot: impl TileDot<W>,
 ) {
     let m = x.len() / xb;
     let n = w.len() / wb;
     if m == 0 || n == 0 {
         return;
     }
-    let threads = rayon::current_num_threads();
-    if m >= threads {
-        let rows = m.div_ceil(threads);
-        dst.par_chunks_mut(rows * n)
-            .zip(x.par_chunks(rows * xb))
-            .for_each(|(out, x)| tile(w, x, (wb, xb), out, &dot));
+    let chunk = n.div_ceil(4 * rayon::current_num_threads()).max(16);
+    let fill = |out: &mut [f32]| {
+        out.par_chunks_mut(chunk * m)
+            .zip(w.par_chunks(chunk * wb))
+            .for_each(|(out, w)| tile(w, x, (wb, xb), out, &dot));
+    };
+    if m == 1 {
+        fill(dst);
     } else {
-        let chunk = n.div_ceil(4 * threads).max(16);
-        for (out, x) in dst.chunks_mut(n).zip(x.chunks(xb)) {
-            out.par_chunks_mut(chunk)
-                .zip(w.par_chunks(chunk * wb))
-                .for_each(|(out, w)| tile(w, x, (wb, xb), out, &dot));
+        let mut transposed = vec![0f32; n * m];
+        fill(&mut transposed);
+        for (j, column) in transposed.chunks_exact(m).enumerate() {
+            for (r, v) in column.iter().enumerate() {
+                dst[r * n + j] = *v;
+            }
         }
     }
 }
 
-/// `out[r][j]` = weight row `j` · activation row `r`; each weight row is read once for all the
-/// activation rows.
+/// `out[j][r]` = weight row `j` · activation row `r`, in tiles of [`WROWS`] weight rows by
+/// [`ROWS`] activation rows.
 fn tile<W>(
     w: &[W],
     x: &[BlockQ8],
     (wb, xb): (usize, usize),
     out: &mut [f32],
-    dot: &impl Fn(&[W], &[BlockQ8]) -> f32,
+    dot: &impl TileDot<W>,
 ) {
-    let width = w.len() / wb;
-    for (j, w) in w.chunks_exact(wb).enumerate() {
-        for (r, x) in x.chunks_exact(xb).enumerate() {
-            out[r * width + j] = dot(w, x);
+    let m = x.len() / xb;
+    for (w, out) in w.chunks(WROWS * wb).zip(out.chunks_mut(WROWS * m)) {
+        for (g, group) in x.chunks(ROWS * xb).enumerate() {
+            let mut rows: [&[BlockQ8]; ROWS] = [&[]; ROWS];
+            for (slot, row) in rows.iter_mut().zip(group.chunks_exact(xb)) {
+                *slot = row;
+            }
+            let count = group.len() / xb;
+            let mut sums = [[0f32; ROWS]; WROWS];
+            dot(w, wb, &rows[..count], &mut sums);
+            for (out, sums) in out.chunks_exact_mut(m).zip(&sums) {
+                out[g * ROWS..g * ROWS + count].copy_from_slice(&sums[..count]);
+            }
         }
     }
 }

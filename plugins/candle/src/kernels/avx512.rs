@@ -1,0 +1,240 @@
+//! The AVX-512 VNNI dot products. Four weight rows are computed together, one per 128-bit lane:
+//! the lanes take block `i` of each row, the activation block is broadcast to all four, and
+//! `vpdpbusd` sums four u8 × i8 products straight into each i32 lane (AVX2 needs two
+//! instructions and a detour through i16). The four rows' f16 scales convert in one
+//! instruction, and each loaded weight block serves up to [`ROWS`] activation rows.
+
+use std::arch::x86_64::*;
+
+use super::avx2::Avx2;
+use super::kquants::BlockQ5_0;
+use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, ROWS, WROWS};
+
+/// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C: only
+/// [`Avx512::detect`] makes one.
+#[derive(Clone, Copy)]
+pub(super) struct Avx512(Avx2);
+
+/// `out[j][r]`: weight row `j` · activation row `r`.
+type Out = [[f32; ROWS]; WROWS];
+
+impl Avx512 {
+    pub(super) fn detect() -> Option<Avx512> {
+        let avx2 = Avx2::detect()?;
+        let ok = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni");
+        ok.then_some(Avx512(avx2))
+    }
+
+    /// The AVX2 kernels, which this CPU runs too.
+    pub(super) fn avx2(self) -> Avx2 {
+        self.0
+    }
+
+    /// Q4_0, Q4_1 and Q5_0.
+    pub(super) fn dot_nibbles<W: Nibbles>(
+        self,
+        w: &[W],
+        wb: usize,
+        xs: &[&[BlockQ8]],
+        out: &mut Out,
+    ) {
+        // SAFETY: `self` exists only where the features were detected.
+        unsafe { dot_nibbles(w, wb, xs, out) }
+    }
+
+    pub(super) fn dot_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Out) {
+        // SAFETY: as above.
+        unsafe { dot_q8_0(w, wb, xs, out) }
+    }
+}
+
+/// The first block of each of the (up to four) rows in `w`, `wb` blocks apart; missing rows
+/// repeat the last one (their sums are never read).
+fn row_starts<W>(w: &[W], wb: usize) -> [&[W]; WROWS] {
+    let rows = w.len() / wb;
+    std::array::from_fn(|j| &w[j.min(rows - 1) * wb..])
+}
+
+/// 16 bytes from each of four places, as the four 128-bit lanes.
+///
+/// # Safety
+/// Each pointer must have 16 readable bytes behind it (the loads are unaligned).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn lanes(p: [*const u8; 4]) -> __m512i {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].cast()));
+        let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1].cast()));
+        let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2].cast()));
+        _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[3].cast()))
+    }
+}
+
+/// Four blocks' f16 scale and minimum as `(d, m)`, each spread over its row's lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn scales(heads: [[u8; 4]; 4]) -> (__m512, __m512) {
+    let h = heads.map(i32::from_le_bytes);
+    let both = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_set_epi32(h[3], h[2], h[1], h[0])));
+    let d = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+    let m = _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1);
+    (
+        _mm512_permutexvar_ps(d, both),
+        _mm512_permutexvar_ps(m, both),
+    )
+}
+
+/// An activation block's values 0..16 and 16..32, each broadcast to the four lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn broadcast(x: &BlockQ8) -> (__m512i, __m512i) {
+    // SAFETY: `qs` is 32 readable bytes; the loads are unaligned.
+    unsafe {
+        (
+            _mm512_broadcast_i32x4(_mm_loadu_si128(x.qs.as_ptr().cast())),
+            _mm512_broadcast_i32x4(_mm_loadu_si128(x.qs.as_ptr().add(16).cast())),
+        )
+    }
+}
+
+/// Each lane's four f32 summed: `out[j][r]` = the sum of lane `j` of `acc[r]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn store(acc: &[__m512; ROWS], rows: usize, out: &mut Out) {
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        let lanes = [
+            _mm512_extractf32x4_ps::<0>(*acc),
+            _mm512_extractf32x4_ps::<1>(*acc),
+            _mm512_extractf32x4_ps::<2>(*acc),
+            _mm512_extractf32x4_ps::<3>(*acc),
+        ];
+        for (out, lane) in out.iter_mut().zip(lanes) {
+            let s = _mm_add_ps(lane, _mm_movehl_ps(lane, lane));
+            out[r] = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+        }
+    }
+}
+
+/// The 32-value types with 4-bit nibbles, which [`dot_nibbles`] handles alike.
+pub(super) trait Nibbles {
+    const KIND: Kind;
+    /// The nibbles, the scale and minimum as f16 bytes, and the fifth bits.
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32);
+}
+
+#[derive(PartialEq, Eq)]
+pub(super) enum Kind {
+    /// `w = d · (q - 8)`.
+    Q4_0,
+    /// `w = d · q + m`.
+    Q4_1,
+    /// `w = d · (q + 16·h - 16)`, `h` bit `i` of `qh` for value `i`.
+    Q5_0,
+}
+
+impl Nibbles for BlockQ4_0 {
+    const KIND: Kind = Kind::Q4_0;
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
+        (&self.qs, [self.d[0], self.d[1], 0, 0], 0)
+    }
+}
+
+impl Nibbles for BlockQ4_1 {
+    const KIND: Kind = Kind::Q4_1;
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
+        (&self.qs, [self.d[0], self.d[1], self.m[0], self.m[1]], 0)
+    }
+}
+
+impl Nibbles for BlockQ5_0 {
+    const KIND: Kind = Kind::Q5_0;
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
+        (
+            &self.qs,
+            [self.d[0], self.d[1], 0, 0],
+            u32::from_le_bytes(self.qh),
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Out) {
+    let rows = row_starts(w, wb);
+    let mask = _mm512_set1_epi8(0xF);
+    let fifth = _mm512_set1_epi8(0x10);
+    // The per-block terms spread over a lane's four f32, hence the quarters.
+    let offset = match W::KIND {
+        Kind::Q4_0 => -8.0 / 4.0,
+        _ => -16.0 / 4.0,
+    };
+    let mut acc = [_mm512_setzero_ps(); ROWS];
+    for i in 0..wb {
+        let blocks = rows.map(|row| row[i].parts());
+        // SAFETY: each block's nibbles are 16 bytes.
+        let q = unsafe { lanes(blocks.map(|b| b.0.as_ptr())) };
+        let (mut lo, mut hi) = (
+            _mm512_and_si512(q, mask),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask),
+        );
+        if W::KIND == Kind::Q5_0 {
+            // Bits 0..16 of each row's `qh` go with its low nibbles, 16..32 with the high.
+            let [a, b, c, d] = blocks.map(|b| u64::from(b.2));
+            let low = |h: u64| h & 0xFFFF;
+            let bits_lo = low(a) | low(b) << 16 | low(c) << 32 | low(d) << 48;
+            let bits_hi = a >> 16 | (b >> 16) << 16 | (c >> 16) << 32 | (d >> 16) << 48;
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_movm_epi8(bits_lo), fifth));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_movm_epi8(bits_hi), fifth));
+        }
+        let (d, m) = scales(blocks.map(|b| b.1));
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let x = &x[i];
+            let (xlo, xhi) = broadcast(x);
+            let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo);
+            let sums = _mm512_dpbusd_epi32(sums, hi, xhi);
+            let dx = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+            *acc = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(sums), *acc);
+            *acc = match W::KIND {
+                Kind::Q4_1 => _mm512_fmadd_ps(m, _mm512_set1_ps(0.25 * x.s), *acc),
+                _ => _mm512_fmadd_ps(dx, _mm512_set1_ps(offset * x.sum), *acc),
+            };
+        }
+    }
+    store(&acc, xs.len(), out);
+}
+
+/// Signed weights: `vpdpbusd` wants one unsigned operand, so the activations are offset by
+/// 128 (a sign-bit flip, once per block for all four rows) and each row's `128 · Σ q` starts
+/// its sum negative.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn dot_q8_0(w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Out) {
+    let rows = row_starts(w, wb);
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let ones = _mm512_set1_epi8(1);
+    let mut acc = [_mm512_setzero_ps(); ROWS];
+    for i in 0..wb {
+        let blocks = rows.map(|row| &row[i]);
+        // SAFETY: each block's values are 32 bytes, read as two halves of 16.
+        let (lo, hi) = unsafe {
+            (
+                lanes(blocks.map(|b| b.qs.as_ptr().cast())),
+                lanes(blocks.map(|b| b.qs.as_ptr().add(16).cast())),
+            )
+        };
+        let q_sum = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo),
+            ones,
+            hi,
+        );
+        let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(q_sum));
+        let heads = blocks.map(|b| [b.d[0], b.d[1], 0, 0]);
+        let (d, _) = scales(heads);
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let x = &x[i];
+            let (xlo, xhi) = broadcast(x);
+            let sums = _mm512_dpbusd_epi32(start, _mm512_xor_si512(xlo, flip), lo);
+            let sums = _mm512_dpbusd_epi32(sums, _mm512_xor_si512(xhi, flip), hi);
+            let dx = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+            *acc = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(sums), *acc);
+        }
+    }
+    store(&acc, xs.len(), out);
+}
