@@ -26,6 +26,7 @@ use crate::models::{mean_rows, Forward, Logits, Seq};
 use crate::prefix_cache::{common_prefix, PrefixStore};
 use crate::sampling::{log_softmax, Rng, Sampler};
 use crate::source::Loaded;
+use crate::weights;
 
 /// Rows per forward pass of one long sequence (bounds activation memory); a sequence longer
 /// than this runs alone, in chunks.
@@ -421,7 +422,7 @@ impl Engine {
             if ids.len() >= config.max_new_tokens as usize || kv.len() >= self.max_context {
                 break FinishReason::Length;
             }
-            let out = self.forward(&[next], &mut kv, Logits::Last)?;
+            let out = weights::decoding(|| self.forward(&[next], &mut kv, Logits::Last))?;
             let logits = out
                 .logits
                 .ok_or_else(|| PluginError::internal("no logits"))?;

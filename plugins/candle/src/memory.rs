@@ -3,8 +3,8 @@
 //! resolved to a format that fits.
 //!
 //! `auto` dequantizes a quantized checkpoint to f32 on CPU (fast, exact prefill: right for a
-//! 135M model) only while that fits; a 7B Q4_K_M file (4 GB) would take about 28 GB as f32, so
-//! it stays as stored.
+//! 135M model) beside the stored blocks for decode only while both fit; a 7B Q4_K_M file (4 GB)
+//! would take about 28 GB as f32, so it stays as stored.
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
@@ -109,6 +109,10 @@ pub struct WeightBytes {
     quantized_bytes: u64,
     /// Bytes of the quantized tensors of the types candle repacks ([`PACKED`]).
     packed_bytes: u64,
+    /// Bytes of the quantized tensors our kernels run in place (`auto`'s decode copy is them),
+    /// and values of the others (which `auto` decodes from a Q8_0 copy).
+    kernel_bytes: u64,
+    unkerneled_values: u64,
 }
 
 /// The types of which candle 0.11 keeps a repacked copy on x86 or aarch64 CPUs.
@@ -140,6 +144,11 @@ impl WeightBytes {
         if PACKED.contains(&dtype) {
             self.packed_bytes += bytes;
         }
+        if crate::kernels::supports(dtype) {
+            self.kernel_bytes += bytes;
+        } else {
+            self.unkerneled_values += values as u64;
+        }
     }
 
     /// Counts a dense tensor of `values` values.
@@ -158,6 +167,11 @@ impl WeightBytes {
         self.values * to.type_size() as u64 / to.block_size() as u64
     }
 
+    /// The values our kernels do not run, requantized to `to`.
+    fn requantized_values(&self, to: GgmlDType) -> u64 {
+        self.unkerneled_values * to.type_size() as u64 / to.block_size() as u64
+    }
+
     /// The bytes `format` builds the weights in on `device`.
     pub fn need(&self, format: WeightFormat, dtype: DType, device: &Device) -> u64 {
         let dense_part = (self.values - self.quantized_values) * dtype.size_in_bytes() as u64;
@@ -169,7 +183,9 @@ impl WeightBytes {
         };
         let requantized = |to| packed(self.requantized(to));
         match format {
-            WeightFormat::Auto if WeightFormat::auto_dense(dtype, device) => self.dense(dtype),
+            WeightFormat::Auto if WeightFormat::auto_dense(dtype, device) => {
+                self.dense(dtype) + self.kernel_bytes + self.requantized_values(GgmlDType::Q8_0)
+            }
             WeightFormat::Auto | WeightFormat::AsStored => {
                 compact - self.packed_bytes + packed(self.packed_bytes)
             }
@@ -183,7 +199,8 @@ impl WeightBytes {
 }
 
 /// The format to build `bytes` of weights in under `build`'s budget. `auto` takes the first
-/// that fits of: dense f32 (on CPU), as stored with candle's repacked copy, compact. A format
+/// that fits of: dense f32 beside the stored blocks (on CPU), as stored with candle's repacked
+/// copy, compact. A format
 /// whose weights do not fit is refused, the error naming what they need.
 pub fn fit(build: &BuildOptions, bytes: &WeightBytes) -> Result<WeightFormat, String> {
     let Some(budget) = build.memory_budget else {
@@ -265,9 +282,10 @@ mod tests {
         bytes.add(GgmlDType::Q4_0, 1024); // 32 blocks of 18 bytes: 576 B; 4 KiB as f32
         bytes.add(GgmlDType::F32, 16); // 64 B either way
         let fit = |format, budget| fit(&build(format, budget), &bytes);
-        assert_eq!(fit(WeightFormat::Auto, 4160), Ok(WeightFormat::Auto));
+        // f32 for prefill (4160) and the stored blocks for decode (576).
+        assert_eq!(fit(WeightFormat::Auto, 4736), Ok(WeightFormat::Auto));
         // As stored with candle's repacked copy: 576 * 2.6 + 64 = 1561.
-        assert_eq!(fit(WeightFormat::Auto, 4159), Ok(WeightFormat::AsStored));
+        assert_eq!(fit(WeightFormat::Auto, 4735), Ok(WeightFormat::AsStored));
         assert_eq!(fit(WeightFormat::Auto, 1561), Ok(WeightFormat::AsStored));
         assert_eq!(fit(WeightFormat::Auto, 1560), Ok(WeightFormat::Compact));
         assert_eq!(fit(WeightFormat::Auto, 640), Ok(WeightFormat::Compact));

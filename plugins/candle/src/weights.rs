@@ -1,9 +1,12 @@
 //! Weights as loaded, and the per-phase weight formats linear layers run in.
 //!
-//! candle's CPU kernel for Q4_1 (the SmolLM2 GGUF's format) is slow, while f32 GEMM is fast for
-//! many rows (prefill) and Q8_0 is fast for one row (decode). So a linear layer may hold two
-//! copies converted at load time, one per phase, chosen by option `weights` (with `auto` fitted
-//! to option `memory_budget` by `crate::memory`).
+//! Prefill and scoring pass many rows through each matrix, where f32 GEMM is fast and exact;
+//! decode passes one row (or a few, packed), where reading the weights is the cost and integer
+//! dot products over the stored 4-bit blocks are fastest. So a linear layer may hold two
+//! copies, one per phase, chosen by option `weights` (with `auto` fitted to option
+//! `memory_budget` by `crate::memory`). The engine's sampling loop runs its passes inside
+//! [`decoding`]; every other pass (prompts, scoring, explain) uses the prefill copy, so scores
+//! stay exact whatever the format.
 //!
 //! On x86 and aarch64 CPUs candle's quantized matmul keeps a second, repacked copy of Q4_K and
 //! Q6_K matrices (and of Q8_0 on VNNI x86 CPUs, Q4_0 and Q5_K on aarch64), made on first use:
@@ -55,12 +58,14 @@ impl Weight {
 /// Option `weights`: which format(s) linear layers compute in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
-    /// Quantized checkpoints on CPU in f32: dense f32 when that fits option `memory_budget`
-    /// (candle's quantized CPU kernels quantize the activations too, which moves SmolLM2's logits
-    /// by up to ~1.4 and changes its greedy answers), else as stored; the stored format elsewhere.
+    /// Quantized checkpoints on CPU in f32, per phase, when that fits option `memory_budget`:
+    /// dense f32 for prefill and scoring (exact), the stored blocks through our kernels for
+    /// decode (as llama.cpp does: activations rounded to 8 bits per block, so generate's
+    /// logprobs differ from score's by that rounding; Q8_0 copies for types without a kernel);
+    /// else as stored; the stored format elsewhere.
     Auto,
     /// Dense in the compute dtype for prefill, Q8_0 for decode (on CPU through our kernel):
-    /// fastest decode, but generate's logprobs then differ from score's by the Q8_0 error.
+    /// generate's logprobs differ from score's by the Q8_0 error.
     Mixed,
     /// As the checkpoint stores them (quantized stays quantized), through candle's kernels.
     AsStored,
@@ -99,8 +104,8 @@ impl WeightFormat {
         })
     }
 
-    /// Whether `auto` turns quantized weights dense: on CPU in f32, where dense GEMM is fast and
-    /// exact.
+    /// Whether `auto` keeps a dense prefill copy of quantized weights (and decodes from the
+    /// stored blocks): on CPU in f32, where dense GEMM is fast and exact.
     pub fn auto_dense(dtype: DType, device: &Device) -> bool {
         dtype == DType::F32 && device.is_cpu()
     }
@@ -119,8 +124,19 @@ impl WeightFormat {
     }
 }
 
-/// Rows at or above which a call counts as prefill (uses the prefill copy).
-const PREFILL_ROWS: usize = 4;
+thread_local! {
+    /// Whether this thread is inside [`decoding`].
+    static DECODING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with linear layers in their decode format (where they have one). Only the
+/// sampling loop decodes: a pass that scores must not, however few rows it has.
+pub fn decoding<R>(f: impl FnOnce() -> R) -> R {
+    let outer = DECODING.replace(true);
+    let result = f();
+    DECODING.set(outer);
+    result
+}
 
 /// A linear layer `y = x Wᵀ (+ b)` with an optional second copy of W for decoding.
 #[derive(Debug, Clone)]
@@ -195,6 +211,17 @@ fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
         return Ok(Kernel::Candle(QMatMul::Tensor(dense)));
     }
     QMatMul::from_qtensor(QTensor::quantize(&dense, to)?).map(Kernel::Candle)
+}
+
+/// `auto`'s decode copy: the stored blocks where our kernels run them, else [`decode_copy`].
+fn stored_for_decode(w: &Weight) -> Result<Kernel> {
+    match w {
+        Weight::Quantized(q) if q.device().is_cpu() => match our_kernel(q.dtype()) {
+            Some(kernel) => Ok(Kernel::Compact(q.clone(), kernel)),
+            None => decode_copy(w),
+        },
+        w => decode_copy(w),
+    }
 }
 
 /// `mixed`'s decode copy: Q8_0, on CPU through our kernel.
@@ -273,7 +300,7 @@ impl Linear {
         let quantized = matches!(w, Weight::Quantized(_));
         let (prefill, decode) = match format {
             WeightFormat::Auto if quantized && WeightFormat::auto_dense(dtype, &w.device()) => {
-                (dense(&w)?, None)
+                (dense(&w)?, Some(stored_for_decode(&w)?))
             }
             WeightFormat::Mixed => (dense(&w)?, Some(decode_copy(&w)?)),
             WeightFormat::Compact => match w {
@@ -297,9 +324,8 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
         let w = match &self.decode {
-            Some(decode) if rows < PREFILL_ROWS => decode,
+            Some(decode) if DECODING.get() => decode,
             _ => &self.prefill,
         };
         let y = w.forward(x)?;
@@ -366,4 +392,32 @@ pub fn check_shape(name: &str, w: Weight, shape: &[usize]) -> std::result::Resul
         ));
     }
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `auto` on CPU in f32 computes prefill and scoring with the dense f32 matrix (exactly) and
+    /// only [`decoding`] passes with the stored blocks, through the same kernel `compact` runs.
+    #[test]
+    fn auto_decodes_from_the_stored_blocks_and_scores_in_f32() -> Result<()> {
+        let dense = Tensor::randn(0f32, 1.0, (64, 128), &Device::Cpu)?;
+        let w = Weight::Quantized(Arc::new(QTensor::quantize(&dense, GgmlDType::Q4_1)?));
+        let x = Tensor::randn(0f32, 1.0, (1, 128), &Device::Cpu)?;
+        let layer = |format| Linear::new(w.clone(), None, format, DType::F32);
+        let auto = layer(WeightFormat::Auto)?;
+        let exact = layer(WeightFormat::Dense)?.forward(&x)?;
+        let blocks = layer(WeightFormat::Compact)?.forward(&x)?;
+        let diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
+            a.sub(b)?.abs()?.max_all()?.to_scalar::<f32>()
+        };
+        assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
+        assert_eq!(diff(&decoding(|| auto.forward(&x))?, &blocks)?, 0.0);
+        // The two really differ (8-bit activations), so the checks above tell them apart.
+        assert!(diff(&blocks, &exact)? > 0.0);
+        // The phase ends with the closure.
+        assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
+        Ok(())
+    }
 }
