@@ -24,7 +24,9 @@ pub struct AttnParams {
 }
 
 /// An attention kernel: `q` is `(1, heads, q_len, head_dim)`, `k` and `v` are
-/// `(1, kv_heads, kv_len, head_dim)` with `kv_len = offset + q_len`; returns q's shape.
+/// `(1, kv_heads, kv_len, head_dim)` with `kv_len = offset + q_len`; returns q's shape. `k` and
+/// `v` are usually views of the [`crate::kv::KvState`]'s larger buffers, so they are not
+/// contiguous across heads.
 pub trait Attention: Send + Sync {
     fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor>;
 }
@@ -113,13 +115,23 @@ fn pad_keys(x: &Tensor, align: usize) -> Result<Tensor> {
     x.pad_with_zeros(2, 0, pad)
 }
 
-/// Repeats each key/value head `n_rep` times: `(1, kvh, L, d)` → `(1, kvh * n_rep, L, d)`.
-pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
-    if n_rep == 1 {
+/// `(1, kvh, L, d)` → `(1, kvh * n_rep, L', d)`: each key/value head padded with zeros to `L'`,
+/// the next multiple of `align`, and repeated `n_rep` times, in one `cat` (padding, then
+/// repeating, would copy the keys twice every decoding step).
+pub fn repeat_kv(x: &Tensor, n_rep: usize, align: usize) -> Result<Tensor> {
+    let (b, kvh, len, d) = x.dims4()?;
+    let padded = len.next_multiple_of(align.max(1));
+    let zeros = match padded - len {
+        0 => None,
+        pad => Some(Tensor::zeros((b, kvh, pad, d), x.dtype(), x.device())?),
+    };
+    let parts: Vec<&Tensor> = (0..n_rep)
+        .flat_map(|_| std::iter::once(x).chain(zeros.as_ref()))
+        .collect();
+    if parts.len() == 1 {
         return Ok(x.clone());
     }
-    let (b, kvh, len, d) = x.dims4()?;
-    Tensor::cat(&vec![x; n_rep], 2)?.reshape((b, kvh * n_rep, len, d))
+    Tensor::cat(&parts, 2)?.reshape((b, kvh * n_rep, padded, d))
 }
 
 /// Softmax(q kᵀ · scale + mask) v, materializing the whole score matrix; the reference.
@@ -139,8 +151,8 @@ impl Default for Eager {
 impl Attention for Eager {
     fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
         let q_len = q.dim(2)?;
-        let k = repeat_kv(&pad_keys(k, self.key_align)?, p.n_rep)?;
-        let v = repeat_kv(&pad_keys(v, self.key_align)?, p.n_rep)?;
+        let k = repeat_kv(k, p.n_rep, self.key_align)?;
+        let v = repeat_kv(v, p.n_rep, self.key_align)?;
         let scores = (q.matmul(&k.t()?)? * p.scale)?;
         let kv_len = k.dim(2)?;
         let mask = hidden_mask(q_len, p.offset, kv_len, p.sliding_window, q.device())?;

@@ -1,20 +1,126 @@
-//! Per-layer key/value state that grows by concatenation.
+//! Per-layer key/value state in shared buffers that are written in place only where no state
+//! reads.
 //!
-//! Appending builds new tensors and never writes into existing ones, so a clone is an immutable
-//! snapshot that costs a few reference counts, and cropping is a view. A prefix cache can hand
-//! out clones of a stored state and no later decoding, on any branch, can change what it holds.
-//! (A preallocated buffer written in place would let a shorter branch overwrite a longer one.)
+//! A layer's keys and values live in a buffer with spare capacity along the sequence axis,
+//! shared by every clone of the state; a state reads positions `0..len` of it. The buffer keeps
+//! a high-water mark, the positions ever written. Invariant: **a position below the mark is
+//! never written again.** An append writes in place only when this state's `len` is the mark
+//! (claimed atomically, as clones may live on other threads) and capacity remains; otherwise
+//! it copies its `0..len` into a new buffer of twice the length (copy on fork). So appending
+//! costs O(new positions) amortized, a clone is an immutable snapshot that costs a few
+//! reference counts, and cropping only shortens `len`: a prefix cache can hand out clones of a
+//! stored state and no later decoding, on any branch, can change what they hold, because any
+//! position a state or a view handed out reads is below the mark.
+//!
+//! Spare capacity is at most the positions held (a decoding state doubles as it grows). Stored
+//! segments ([`KvState::slice`], [`KvState::concat`]) are exact-sized copies, so what a cache
+//! counts with [`KvState::bytes`] is what it keeps alive.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use candle_core::{Result, Tensor};
 
-/// Keys and values of every layer, each shaped `(1, kv_heads, seq_len, head_dim)`.
+/// Keys and values of every layer, each read as `(1, kv_heads, seq_len, head_dim)`.
 #[derive(Debug, Clone)]
 pub struct KvState {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<Option<Layer>>,
+}
+
+/// One layer of a state: views of positions `0..len` of a buffer it may share.
+#[derive(Debug, Clone)]
+struct Layer {
+    k: Tensor,
+    v: Tensor,
+    buf: Arc<Buffer>,
+}
+
+/// Contiguous keys and values `(1, kv_heads, capacity, head_dim)`.
+#[derive(Debug)]
+struct Buffer {
+    k: Tensor,
+    v: Tensor,
+    /// The high-water mark: positions `0..written` have been written and never change again.
+    written: AtomicUsize,
 }
 
 /// The sequence axis of `(batch, heads, seq, head_dim)`.
 const SEQ_DIM: usize = 2;
+
+impl Layer {
+    /// A layer over contiguous `k` and `v` whose first `len` positions are written.
+    fn over(k: Tensor, v: Tensor, len: usize) -> Result<Self> {
+        Ok(Layer {
+            k: k.narrow(SEQ_DIM, 0, len)?,
+            v: v.narrow(SEQ_DIM, 0, len)?,
+            buf: Arc::new(Buffer {
+                k,
+                v,
+                written: AtomicUsize::new(len),
+            }),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.k.dims()[SEQ_DIM]
+    }
+
+    /// This layer's first `len` positions (a view of the same buffer).
+    fn prefix(&self, len: usize) -> Result<Self> {
+        Ok(Layer {
+            k: self.k.narrow(SEQ_DIM, 0, len)?,
+            v: self.v.narrow(SEQ_DIM, 0, len)?,
+            buf: self.buf.clone(),
+        })
+    }
+
+    /// Writes `k` and `v` after this layer's positions in place, if nothing was ever written
+    /// there and they fit; returns whether it did.
+    fn append_in_place(&mut self, k: &Tensor, v: &Tensor) -> Result<bool> {
+        let (len, n) = (self.len(), k.dim(SEQ_DIM)?);
+        let fits = len + n <= self.buf.k.dim(SEQ_DIM)?;
+        let claimed = fits
+            && self
+                .buf
+                .written
+                .compare_exchange(len, len + n, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        if !claimed {
+            return Ok(false);
+        }
+        self.buf.k.slice_set(&k.contiguous()?, SEQ_DIM, len)?;
+        self.buf.v.slice_set(&v.contiguous()?, SEQ_DIM, len)?;
+        self.k = self.buf.k.narrow(SEQ_DIM, 0, len + n)?;
+        self.v = self.buf.v.narrow(SEQ_DIM, 0, len + n)?;
+        Ok(true)
+    }
+
+    /// `held` followed by `k` and `v` in a new buffer with room for twice what `held` holds
+    /// (no room after a first append: a state that is never extended costs what it holds).
+    fn grown(held: Option<&Layer>, k: &Tensor, v: &Tensor) -> Result<Self> {
+        let old = held.map_or(0, Layer::len);
+        let len = old + k.dim(SEQ_DIM)?;
+        let spare = len.max(2 * old) - len;
+        let join = |held: Option<&Tensor>, new: &Tensor| {
+            let mut parts: Vec<Tensor> = held.into_iter().cloned().collect();
+            parts.push(new.contiguous()?);
+            if spare > 0 {
+                let (b, heads, _, d) = new.dims4()?;
+                parts.push(Tensor::zeros(
+                    (b, heads, spare, d),
+                    new.dtype(),
+                    new.device(),
+                )?);
+            }
+            Tensor::cat(&parts, SEQ_DIM)?.contiguous()
+        };
+        Layer::over(
+            join(held.map(|l| &l.k), k)?,
+            join(held.map(|l| &l.v), v)?,
+            len,
+        )
+    }
+}
 
 impl KvState {
     pub fn new(n_layers: usize) -> Self {
@@ -26,7 +132,7 @@ impl KvState {
     /// Positions held (the same in every layer).
     pub fn len(&self) -> usize {
         match self.layers.first() {
-            Some(Some((k, _))) => k.dim(SEQ_DIM).unwrap_or(0),
+            Some(Some(layer)) => layer.len(),
             _ => 0,
         }
     }
@@ -35,28 +141,26 @@ impl KvState {
         self.len() == 0
     }
 
-    /// Appends `k` and `v` to `layer` and returns its whole keys and values.
+    /// Appends `k` and `v` to `layer` and returns its whole keys and values (views that never
+    /// change).
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let slot = &mut self.layers[layer];
-        let (k, v) = match slot.take() {
-            None => (k.contiguous()?, v.contiguous()?),
-            Some((k0, v0)) => (
-                Tensor::cat(&[&k0, k], SEQ_DIM)?,
-                Tensor::cat(&[&v0, v], SEQ_DIM)?,
-            ),
-        };
-        *slot = Some((k.clone(), v.clone()));
-        Ok((k, v))
+        if let Some(held) = slot {
+            if held.append_in_place(k, v)? {
+                return Ok((held.k.clone(), held.v.clone()));
+            }
+        }
+        let grown = Layer::grown(slot.as_ref(), k, v)?;
+        let held = slot.insert(grown);
+        Ok((held.k.clone(), held.v.clone()))
     }
 
     /// Makes `layer` hold positions `0..len` of `other`'s `layer` (a view, no copy): a sequence
     /// of a packed forward taking a prefix another sequence of the same pass has just computed.
-    /// Nothing is written into `other`: a later append here concatenates into new tensors.
+    /// A later append here writes past `len` in place only if `other` holds no more than `len`.
     pub fn adopt(&mut self, layer: usize, other: &KvState, len: usize) -> Result<()> {
-        self.layers[layer] = match other.layer(layer) {
-            Some((k, v)) if len > 0 => {
-                Some((k.narrow(SEQ_DIM, 0, len)?, v.narrow(SEQ_DIM, 0, len)?))
-            }
+        self.layers[layer] = match &other.layers[layer] {
+            Some(held) if len > 0 => Some(held.prefix(len)?),
             _ => None,
         };
         Ok(())
@@ -65,11 +169,11 @@ impl KvState {
     /// Keeps the first `len` positions of every layer.
     pub fn crop(&mut self, len: usize) -> Result<()> {
         for slot in &mut self.layers {
-            if let Some((k, v)) = slot {
+            if let Some(held) = slot {
                 *slot = if len == 0 {
                     None
                 } else {
-                    Some((k.narrow(SEQ_DIM, 0, len)?, v.narrow(SEQ_DIM, 0, len)?))
+                    Some(held.prefix(len)?)
                 };
             }
         }
@@ -78,7 +182,7 @@ impl KvState {
 
     /// The keys and values of `layer`, if anything was appended to it.
     pub fn layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
-        self.layers.get(layer)?.as_ref().map(|(k, v)| (k, v))
+        self.layers.get(layer)?.as_ref().map(|l| (&l.k, &l.v))
     }
 
     /// Positions `start..start + len` as a state of their own, copied into exactly-sized
@@ -89,7 +193,9 @@ impl KvState {
             .layers
             .iter()
             .map(|slot| match slot {
-                Some((k, v)) if len > 0 => Ok(Some((copy(k)?, copy(v)?))),
+                Some(held) if len > 0 => {
+                    Ok(Some(Layer::over(copy(&held.k)?, copy(&held.v)?, len)?))
+                }
                 _ => Ok(None),
             })
             .collect::<Result<_>>()?;
@@ -97,7 +203,7 @@ impl KvState {
     }
 
     /// The states of consecutive position ranges joined into one, in order. One part comes back
-    /// as a cheap clone; several are copied once into new buffers.
+    /// as a cheap clone; several are copied once into new, exactly-sized buffers.
     pub fn concat(parts: &[KvState]) -> Result<KvState> {
         let Some(first) = parts.first() else {
             return Ok(KvState::new(0));
@@ -112,21 +218,25 @@ impl KvState {
                 if ks.is_empty() {
                     return Ok(None);
                 }
-                Ok(Some((
-                    Tensor::cat(&ks, SEQ_DIM)?,
-                    Tensor::cat(&vs, SEQ_DIM)?,
-                )))
+                let k = Tensor::cat(&ks, SEQ_DIM)?.contiguous()?;
+                let len = k.dim(SEQ_DIM)?;
+                Ok(Some(Layer::over(
+                    k,
+                    Tensor::cat(&vs, SEQ_DIM)?.contiguous()?,
+                    len,
+                )?))
             })
             .collect::<Result<_>>()?;
         Ok(KvState { layers })
     }
 
-    /// Bytes of the positions held (a cropped view is counted at its cropped length).
+    /// Bytes of the positions held (a cropped view is counted at its cropped length; spare
+    /// capacity is not counted).
     pub fn bytes(&self) -> u64 {
         self.layers
             .iter()
             .flatten()
-            .map(|(k, v)| ((k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes()) as u64)
+            .map(|l| ((l.k.elem_count() + l.v.elem_count()) * l.k.dtype().size_in_bytes()) as u64)
             .sum()
     }
 }
@@ -136,35 +246,148 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
+    /// Appends `n` positions holding `value` (keys) and `-value` (values) to layer 0.
     fn step(state: &mut KvState, value: f32, n: usize) -> Tensor {
         let t = Tensor::full(value, (1, 2, n, 4), &Device::Cpu).unwrap();
-        state.append(0, &t, &t).unwrap().0
+        state.append(0, &t, &t.neg().unwrap()).unwrap().0
+    }
+
+    /// The value at each position of layer 0, checked to agree across heads, keys and values.
+    fn values(state: &KvState) -> Vec<f32> {
+        let Some((k, v)) = state.layer(0) else {
+            return Vec::new();
+        };
+        let keys: Vec<Vec<Vec<f32>>> = k.squeeze(0).unwrap().to_vec3().unwrap();
+        let neg: Vec<Vec<Vec<f32>>> = v.neg().unwrap().squeeze(0).unwrap().to_vec3().unwrap();
+        assert_eq!(keys, neg);
+        let rows: Vec<f32> = keys[0].iter().map(|row| row[0]).collect();
+        assert!(keys.iter().all(|head| head
+            .iter()
+            .zip(&rows)
+            .all(|(row, &x)| row.iter().all(|&y| y == x))));
+        rows
+    }
+
+    fn buffer(state: &KvState) -> &Arc<Buffer> {
+        &state.layers[0].as_ref().unwrap().buf
     }
 
     #[test]
-    fn snapshots_survive_appends_on_other_branches() {
+    fn a_snapshot_is_unchanged_by_appends_in_place_after_it() {
         let mut a = KvState::new(1);
         step(&mut a, 1.0, 3);
+        step(&mut a, 2.0, 1);
         let snapshot = a.clone();
-        step(&mut a, 2.0, 2);
-        let mut b = snapshot.clone();
-        b.crop(2).unwrap();
-        let keys = step(&mut b, 3.0, 1);
-        assert_eq!(snapshot.len(), 3);
-        assert_eq!(a.len(), 5);
-        assert_eq!(b.len(), 3);
-        let row = |t: &Tensor, i| {
-            t.narrow(2, i, 1)
+        step(&mut a, 3.0, 2);
+        assert!(Arc::ptr_eq(buffer(&a), buffer(&snapshot)), "wrote in place");
+        assert_eq!(values(&snapshot), [1.0, 1.0, 1.0, 2.0]);
+        assert_eq!(values(&a), [1.0, 1.0, 1.0, 2.0, 3.0, 3.0]);
+    }
+
+    #[test]
+    fn branches_forked_from_one_snapshot_do_not_see_each_other() {
+        let mut root = KvState::new(1);
+        step(&mut root, 1.0, 2);
+        step(&mut root, 1.0, 1);
+        let (mut b, mut c) = (root.clone(), root.clone());
+        let keys_b = step(&mut b, 2.0, 1);
+        let keys_c = step(&mut c, 3.0, 1);
+        assert!(
+            Arc::ptr_eq(buffer(&b), buffer(&root)),
+            "the first writes in place"
+        );
+        assert!(!Arc::ptr_eq(buffer(&c), buffer(&root)), "the second copies");
+        step(&mut b, 4.0, 1);
+        step(&mut root, 5.0, 1);
+        assert_eq!(values(&b), [1.0, 1.0, 1.0, 2.0, 4.0]);
+        assert_eq!(values(&c), [1.0, 1.0, 1.0, 3.0]);
+        assert_eq!(values(&root), [1.0, 1.0, 1.0, 5.0]);
+        // Tensors handed out by earlier appends do not change either.
+        assert_eq!(
+            keys_b
+                .narrow(2, 3, 1)
                 .unwrap()
-                .flatten_all()
+                .max_all()
                 .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()[0]
-        };
-        assert_eq!(row(&keys, 2), 3.0);
-        let (a_keys, _) = a.layers[0].clone().unwrap();
-        assert_eq!(row(&a_keys, 2), 1.0, "branch b must not write into a");
-        assert_eq!(a.bytes(), 2 * 5 * 2 * 4 * DType::F32.size_in_bytes() as u64);
+                .to_scalar::<f32>()
+                .unwrap(),
+            2.0
+        );
+        assert_eq!(
+            keys_c
+                .narrow(2, 3, 1)
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            3.0
+        );
+    }
+
+    #[test]
+    fn crop_then_append_leaves_the_longer_snapshot_intact() {
+        let mut a = KvState::new(1);
+        step(&mut a, 1.0, 2);
+        step(&mut a, 2.0, 3);
+        let long = a.clone();
+        a.crop(3).unwrap();
+        step(&mut a, 9.0, 1);
+        assert_eq!(values(&a), [1.0, 1.0, 2.0, 9.0]);
+        assert_eq!(values(&long), [1.0, 1.0, 2.0, 2.0, 2.0]);
+        a.crop(0).unwrap();
+        assert!(a.is_empty() && a.layer(0).is_none());
+        step(&mut a, 7.0, 1);
+        assert_eq!(values(&a), [7.0]);
+        assert!(a.crop(2).is_err(), "cannot crop past the end");
+    }
+
+    #[test]
+    fn adopt_then_append_leaves_the_other_state_intact() {
+        let mut a = KvState::new(1);
+        step(&mut a, 1.0, 1);
+        step(&mut a, 1.0, 1);
+        step(&mut a, 2.0, 1);
+        let mut part = KvState::new(1);
+        part.adopt(0, &a, 2).unwrap();
+        step(&mut part, 3.0, 1);
+        let mut whole = KvState::new(1);
+        whole.adopt(0, &a, 3).unwrap();
+        step(&mut whole, 4.0, 1);
+        assert!(Arc::ptr_eq(buffer(&whole), buffer(&a)), "wrote in place");
+        step(&mut a, 5.0, 1);
+        assert_eq!(values(&part), [1.0, 1.0, 3.0]);
+        assert_eq!(values(&whole), [1.0, 1.0, 2.0, 4.0]);
+        assert_eq!(values(&a), [1.0, 1.0, 2.0, 5.0]);
+        assert!(part.adopt(0, &a, 5).is_err(), "cannot adopt past the end");
+    }
+
+    #[test]
+    fn appends_copy_amortized_and_bytes_count_positions_held() {
+        let mut a = KvState::new(1);
+        let mut buffers = 0;
+        for i in 0..200 {
+            let before = a.layers[0].as_ref().map(|l| l.buf.clone());
+            step(&mut a, i as f32, 1);
+            buffers += usize::from(before.is_none_or(|b| !Arc::ptr_eq(&b, buffer(&a))));
+        }
+        assert_eq!(buffers, 9, "one buffer per doubling: 1, 2, 4, ..., 256");
+        assert_eq!(values(&a), (0..200).map(|i| i as f32).collect::<Vec<_>>());
+        let position = 2 * 2 * 4 * DType::F32.size_in_bytes() as u64;
+        assert_eq!(a.bytes(), 200 * position, "spare capacity is not counted");
+        a.crop(50).unwrap();
+        assert_eq!(a.bytes(), 50 * position);
+        let stored = a.slice(10, 40).unwrap();
+        assert_eq!(
+            stored.layers[0]
+                .as_ref()
+                .unwrap()
+                .buf
+                .k
+                .dim(SEQ_DIM)
+                .unwrap(),
+            40
+        );
     }
 
     #[test]
