@@ -164,32 +164,13 @@ impl Kernel {
     }
 }
 
-/// `dst = lhs · blocksᵀ` over a matrix's stored bytes, `(m, k, n)`.
-type BlockMatmul = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]) -> Result<()>;
+/// `dst = lhs · blocksᵀ` over a matrix's stored bytes of a type, `(m, k, n)`.
+type BlockMatmul = fn(GgmlDType, &[u8], (usize, usize, usize), &[f32], &mut [f32]) -> Result<()>;
 
 /// Our kernel for `dtype` ([`crate::kernels`]), on the fastest path this CPU has.
 fn our_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
-    Some(match dtype {
-        GgmlDType::Q4_0 => {
-            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q4_0, w, mkn, x, y)
-        }
-        GgmlDType::Q4_1 => {
-            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q4_1, w, mkn, x, y)
-        }
-        GgmlDType::Q8_0 => {
-            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q8_0, w, mkn, x, y)
-        }
-        GgmlDType::Q5_0 => {
-            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q5_0, w, mkn, x, y)
-        }
-        GgmlDType::Q4K => {
-            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q4K, w, mkn, x, y)
-        }
-        GgmlDType::Q6K => {
-            |w, mkn, x, y| kernels::matmul(Path::best(), GgmlDType::Q6K, w, mkn, x, y)
-        }
-        _ => return None,
-    })
+    kernels::supports(dtype)
+        .then_some(|dtype, w, mkn, x, y| kernels::matmul(Path::best(), dtype, w, mkn, x, y))
 }
 
 /// Our kernel for `dtype`, else candle's unpacked one (none for float types, which compute
@@ -249,7 +230,7 @@ fn compact_matmul(w: &QTensor, kernel: BlockMatmul, x: &Tensor) -> Result<Tensor
     let m = x.elem_count() / k;
     let lhs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let mut dst = vec![0f32; m * n];
-    kernel(&w.data()?, (m, k, n), &lhs, &mut dst)?;
+    kernel(w.dtype(), &w.data()?, (m, k, n), &lhs, &mut dst)?;
     let mut dims = x.dims().to_vec();
     if let Some(last) = dims.last_mut() {
         *last = n;
@@ -258,6 +239,7 @@ fn compact_matmul(w: &QTensor, kernel: BlockMatmul, x: &Tensor) -> Result<Tensor
 }
 
 fn matmul_blocks<T: GgmlType>(
+    _: GgmlDType,
     data: &[u8],
     (m, k, n): (usize, usize, usize),
     lhs: &[f32],

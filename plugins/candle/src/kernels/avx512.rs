@@ -8,15 +8,12 @@ use std::arch::x86_64::*;
 
 use super::avx2::Avx2;
 use super::kquants::BlockQ5_0;
-use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, ROWS, WROWS};
+use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, Tile, ROWS, WROWS};
 
 /// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C: only
 /// [`Avx512::detect`] makes one.
 #[derive(Clone, Copy)]
 pub(super) struct Avx512(Avx2);
-
-/// `out[j][r]`: weight row `j` · activation row `r`.
-type Out = [[f32; ROWS]; WROWS];
 
 impl Avx512 {
     pub(super) fn detect() -> Option<Avx512> {
@@ -38,13 +35,13 @@ impl Avx512 {
         w: &[W],
         wb: usize,
         xs: &[&[BlockQ8]],
-        out: &mut Out,
+        out: &mut Tile,
     ) {
         // SAFETY: `self` exists only where the features were detected.
         unsafe { dot_nibbles(w, wb, xs, out) }
     }
 
-    pub(super) fn dot_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Out) {
+    pub(super) fn dot_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         // SAFETY: as above.
         unsafe { dot_q8_0(w, wb, xs, out) }
     }
@@ -99,7 +96,7 @@ fn broadcast(x: &BlockQ8) -> (__m512i, __m512i) {
 
 /// Each lane's four f32 summed: `out[j][r]` = the sum of lane `j` of `acc[r]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-fn store(acc: &[__m512; ROWS], rows: usize, out: &mut Out) {
+fn store(acc: &[__m512; ROWS], rows: usize, out: &mut Tile) {
     for (r, acc) in acc.iter().enumerate().take(rows) {
         let lanes = [
             _mm512_extractf32x4_ps::<0>(*acc),
@@ -157,7 +154,7 @@ impl Nibbles for BlockQ5_0 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Out) {
+fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
     let rows = row_starts(w, wb);
     let mask = _mm512_set1_epi8(0xF);
     let fifth = _mm512_set1_epi8(0x10);
@@ -205,7 +202,7 @@ fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Out)
 /// 128 (a sign-bit flip, once per block for all four rows) and each row's `128 · Σ q` starts
 /// its sum negative.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-fn dot_q8_0(w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Out) {
+fn dot_q8_0(w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
     let rows = row_starts(w, wb);
     let flip = _mm512_set1_epi8(i8::MIN);
     let ones = _mm512_set1_epi8(1);

@@ -5,7 +5,7 @@
 //! against its own block's largest rather than the super-block's, so it is more precise.
 
 #[cfg(target_arch = "x86_64")]
-use super::avx2::Avx2;
+use super::{avx2::Avx2, avx512::Avx512, Tile};
 use super::{f16_bytes, Block, BlockQ8, GgmlDType, BLOCK};
 
 /// Values per K-quant super-block.
@@ -86,13 +86,7 @@ impl Block for BlockQ5_0 {
         cpu.dot_q5_0(w, x)
     }
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx512(
-        cpu: super::avx512::Avx512,
-        w: &[Self],
-        wb: usize,
-        xs: &[&[BlockQ8]],
-        out: &mut [[f32; super::ROWS]; super::WROWS],
-    ) {
+    fn dot_avx512(cpu: Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         cpu.dot_nibbles(w, wb, xs, out)
     }
 }

@@ -35,6 +35,9 @@ const ROWS: usize = 4;
 /// Weight rows computed together, one per 128-bit lane of the AVX-512 kernels.
 const WROWS: usize = 4;
 
+/// A tile's results: `[j][r]` is weight row `j` · activation row `r`.
+type Tile = [[f32; ROWS]; WROWS];
+
 /// Which implementation computes the dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
@@ -162,13 +165,7 @@ trait Block: Sized + Sync {
     /// (at most [`ROWS`]), into `out[j][r]`; AVX2 pair by pair where a type has no AVX-512
     /// kernel.
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx512(
-        cpu: avx512::Avx512,
-        w: &[Self],
-        wb: usize,
-        xs: &[&[BlockQ8]],
-        out: &mut [[f32; ROWS]; WROWS],
-    ) {
+    fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         pairwise(|w, x| Self::dot_avx2(cpu.avx2(), w, x))(w, wb, xs, out)
     }
 }
@@ -183,13 +180,7 @@ impl Block for BlockQ4_0 {
         cpu.dot_q4_0(w, x)
     }
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx512(
-        cpu: avx512::Avx512,
-        w: &[Self],
-        wb: usize,
-        xs: &[&[BlockQ8]],
-        out: &mut [[f32; ROWS]; WROWS],
-    ) {
+    fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         cpu.dot_nibbles(w, wb, xs, out)
     }
 }
@@ -204,13 +195,7 @@ impl Block for BlockQ4_1 {
         cpu.dot_q4_1(w, x)
     }
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx512(
-        cpu: avx512::Avx512,
-        w: &[Self],
-        wb: usize,
-        xs: &[&[BlockQ8]],
-        out: &mut [[f32; ROWS]; WROWS],
-    ) {
+    fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         cpu.dot_nibbles(w, wb, xs, out)
     }
 }
@@ -225,13 +210,7 @@ impl Block for BlockQ8_0 {
         cpu.dot_q8_0(w, x)
     }
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx512(
-        cpu: avx512::Avx512,
-        w: &[Self],
-        wb: usize,
-        xs: &[&[BlockQ8]],
-        out: &mut [[f32; ROWS]; WROWS],
-    ) {
+    fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         cpu.dot_q8_0(w, wb, xs, out)
     }
 }
@@ -289,8 +268,8 @@ fn run<W: Block>(
 }
 
 /// What computes a tile: weight rows of `wb` blocks against activation rows, `out[j][r]`.
-trait TileDot<W>: Fn(&[W], usize, &[&[BlockQ8]], &mut [[f32; ROWS]; WROWS]) + Sync {}
-impl<W, F: Fn(&[W], usize, &[&[BlockQ8]], &mut [[f32; ROWS]; WROWS]) + Sync> TileDot<W> for F {}
+trait TileDot<W>: Fn(&[W], usize, &[&[BlockQ8]], &mut Tile) + Sync {}
+impl<W, F: Fn(&[W], usize, &[&[BlockQ8]], &mut Tile) + Sync> TileDot<W> for F {}
 
 /// A one-row dot product applied to each (weight row, activation row) pair of a tile.
 fn pairwise<W>(dot: impl Fn(&[W], &[BlockQ8]) -> f32 + Sync) -> impl TileDot<W> {
