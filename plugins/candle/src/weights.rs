@@ -69,8 +69,8 @@ pub enum WeightFormat {
     Mixed,
     /// As the checkpoint stores them (quantized stays quantized), through candle's kernels.
     AsStored,
-    /// As stored, quantized matrices on CPU in place (no repacked copy): Q4_0, Q4_1 and Q8_0
-    /// through our kernels, other types through candle's unpacked ones.
+    /// As stored, quantized matrices on CPU in place (no repacked copy): the types
+    /// [`crate::kernels`] runs through our kernels, other types through candle's unpacked ones.
     Compact,
     /// Dense in the compute dtype.
     Dense,
