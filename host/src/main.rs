@@ -10,6 +10,7 @@ use clap::Parser;
 use commands::Cli;
 
 fn main() -> ExitCode {
+    pin_rayon_threads();
     let cli = Cli::parse();
     lmhost::logging::init(cli.verbose, cli.quiet);
     match commands::run(&cli) {
@@ -26,5 +27,17 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Sets `RAYON_NUM_THREADS` to rayon's own default (the available parallelism) where it is
+/// unset. candle 0.11 reads it on every f32 matrix product and, when it is missing, counts the
+/// physical cores from `/proc/cpuinfo` and sysfs each time: about a fifth of a decode step on
+/// SmolLM2. Done first, while the process has one thread, so no other thread reads the
+/// environment as it changes.
+fn pin_rayon_threads() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     }
 }
