@@ -132,10 +132,16 @@ thread_local! {
 /// Runs `f` with linear layers in their decode format (where they have one). Only the
 /// sampling loop decodes: a pass that scores must not, however few rows it has.
 pub fn decoding<R>(f: impl FnOnce() -> R) -> R {
-    let outer = DECODING.replace(true);
-    let result = f();
-    DECODING.set(outer);
-    result
+    /// Puts the outer phase back however `f` ends, a caught panic included: the pool thread
+    /// goes on to serve other calls.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DECODING.set(self.0);
+        }
+    }
+    let _restore = Restore(DECODING.replace(true));
+    f()
 }
 
 /// A linear layer `y = x Wᵀ (+ b)` with an optional second copy of W for decoding.
@@ -398,7 +404,9 @@ mod tests {
         assert_eq!(diff(&decoding(|| auto.forward(&x))?, &blocks)?, 0.0);
         // The two really differ (8-bit activations), so the checks above tell them apart.
         assert!(diff(&blocks, &exact)? > 0.0);
-        // The phase ends with the closure.
+        // The phase ends with the closure, even one that panics.
+        assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
+        assert!(std::panic::catch_unwind(|| decoding(|| panic!("in a decode step"))).is_err());
         assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
         Ok(())
     }
