@@ -303,26 +303,12 @@ mod tests {
         assert_eq!(values(&c), [1.0, 1.0, 1.0, 3.0]);
         assert_eq!(values(&root), [1.0, 1.0, 1.0, 5.0]);
         // Tensors handed out by earlier appends do not change either.
-        assert_eq!(
-            keys_b
-                .narrow(2, 3, 1)
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap(),
-            2.0
-        );
-        assert_eq!(
-            keys_c
-                .narrow(2, 3, 1)
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap(),
-            3.0
-        );
+        let position_3 = |keys: &Tensor| {
+            let at = keys.narrow(2, 3, 1).unwrap();
+            at.max_all().unwrap().to_scalar::<f32>().unwrap()
+        };
+        assert_eq!(position_3(&keys_b), 2.0);
+        assert_eq!(position_3(&keys_c), 3.0);
     }
 
     #[test]

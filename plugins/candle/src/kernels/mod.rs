@@ -85,10 +85,11 @@ pub fn supports(dtype: GgmlDType) -> bool {
 }
 
 /// `dst = lhs · Wᵀ`: `lhs` is `(m, k)` row-major f32, `data` the stored bytes of a `(n, k)`
-/// matrix of `dtype`, `dst` is `(m, n)`. Runs on the current rayon pool, split over output rows
-/// for one activation row (decode) and over activation rows for several.
+/// matrix of `dtype`, `dst` is `(m, n)`. Runs on the current rayon pool, split over chunks of
+/// weight rows ([`split`]) however many activation rows there are.
 ///
-/// Allocates the quantized activations on every call (a reused buffer is a later step).
+/// Allocates the quantized activations on every call, and a transposed result for several
+/// rows (reused buffers are a later step).
 pub fn matmul(
     path: Path,
     dtype: GgmlDType,
