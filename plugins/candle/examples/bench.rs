@@ -24,10 +24,10 @@ use candle_transformers::models::{quantized_gemma3, quantized_llama};
 use lmhost_candle::engine::Engine;
 use lmhost_candle::kv::KvState;
 use lmhost_candle::models::Logits;
-use lmhost_candle::sampling::argmax;
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::{self, json, Value};
 use lmhost_plugin_api::{Backend, PluginContext};
+use lmhost_plugin_kit::sampling::argmax;
 
 const ALL_CHUNKS: [usize; 3] = [32, 128, 512];
 const DECODE: usize = 32;

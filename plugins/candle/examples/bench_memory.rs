@@ -19,11 +19,11 @@ use candle_core::{DType, Device, Tensor};
 use lmhost_candle::memory::{fit, MemoryBudget, WeightBytes};
 use lmhost_candle::models::llama::BuildOptions;
 use lmhost_candle::models::Logits;
-use lmhost_candle::sampling::argmax;
 use lmhost_candle::weights::WeightFormat;
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{Backend, PluginContext};
+use lmhost_plugin_kit::sampling::argmax;
 
 const HIDDEN: usize = 2048;
 const LAYERS: usize = 16;

@@ -23,10 +23,10 @@ use lmhost_plugin_kit::prompt::PromptFormat;
 
 use crate::kv::KvState;
 use crate::models::{mean_rows, Forward, Logits, Seq};
-use crate::prefix_cache::{common_prefix, PrefixStore};
-use crate::sampling::{log_softmax, Rng, Sampler};
 use crate::source::Loaded;
 use crate::weights;
+use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore};
+use lmhost_plugin_kit::sampling::{log_softmax, Rng, Sampler};
 
 /// Rows per forward pass of one long sequence (bounds activation memory); a sequence longer
 /// than this runs alone, in chunks.
@@ -203,7 +203,7 @@ impl Engine {
     fn run(
         &self,
         items: &[Item],
-        mut store: Option<&mut dyn PrefixStore>,
+        mut store: Option<&mut dyn PrefixStore<KvState>>,
         mut each: impl FnMut(&Item, Ran) -> Result<(), PluginError>,
     ) -> Result<(), PluginError> {
         let mut first = 0;
@@ -234,7 +234,7 @@ impl Engine {
     fn run_group(
         &self,
         items: &[Item],
-        mut store: Option<&mut (dyn PrefixStore + '_)>,
+        mut store: Option<&mut (dyn PrefixStore<KvState> + '_)>,
     ) -> Result<Vec<Ran>, PluginError> {
         let starts = self.starts(items, store.as_deref_mut());
         let reused: Vec<usize> = starts.iter().map(|s| s.at).collect();
@@ -259,7 +259,11 @@ impl Engine {
 
     /// Where each item begins: the longer of its cached prefix and the prefix it shares with an
     /// earlier item of the group (only with a store: cache off means nothing is reused).
-    fn starts(&self, items: &[Item], mut store: Option<&mut (dyn PrefixStore + '_)>) -> Vec<Start> {
+    fn starts(
+        &self,
+        items: &[Item],
+        mut store: Option<&mut (dyn PrefixStore<KvState> + '_)>,
+    ) -> Vec<Start> {
         let model = &self.loaded.model;
         (0..items.len())
             .map(|j| {
@@ -374,7 +378,7 @@ impl Engine {
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
-        store: Option<&mut dyn PrefixStore>,
+        store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<GenerationRecord, PluginError> {
         let prompt = self.prompt_ids(snapshot, 0)?;
         let item = Item {
@@ -470,7 +474,7 @@ impl Engine {
         &self,
         snapshots: &[ConversationSnapshot],
         reply: &str,
-        store: Option<&mut dyn PrefixStore>,
+        store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         // The reply has the same tokens after every prompt: on its own after a chat template's
         // turn marker, and as a continuation (no SentencePiece space prefix) after raw text.
@@ -523,7 +527,7 @@ impl Engine {
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        store: Option<&mut dyn PrefixStore>,
+        store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<ScoreRecord, PluginError> {
         self.score_batch(std::slice::from_ref(snapshot), reply, store)?
             .pop()

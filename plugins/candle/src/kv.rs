@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::{Result, Tensor};
+use lmhost_plugin_kit::prefix_cache::Segment;
 
 /// Keys and values of every layer, each read as `(1, kv_heads, seq_len, head_dim)`.
 #[derive(Debug, Clone)]
@@ -241,6 +242,36 @@ impl KvState {
     }
 }
 
+/// What the prompt-prefix cache keeps: a slice copies, a prefix is a view, and appends never
+/// reach a stored position (see [`KvState::append`]).
+impl Segment for KvState {
+    fn empty() -> Self {
+        KvState::new(0)
+    }
+
+    fn len(&self) -> usize {
+        KvState::len(self)
+    }
+
+    fn bytes(&self) -> u64 {
+        KvState::bytes(self)
+    }
+
+    fn slice(&self, start: usize, len: usize) -> Option<Self> {
+        KvState::slice(self, start, len).ok()
+    }
+
+    fn prefix(&self, len: usize) -> Option<Self> {
+        let mut view = self.clone();
+        view.crop(len).ok()?;
+        Some(view)
+    }
+
+    fn concat(parts: &[Self]) -> Option<Self> {
+        KvState::concat(parts).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,6 +297,15 @@ mod tests {
             .zip(&rows)
             .all(|(row, &x)| row.iter().all(|&y| y == x))));
         rows
+    }
+
+    /// A state of one position per value.
+    fn state_of(values: &[f32]) -> KvState {
+        let mut state = KvState::new(1);
+        for &value in values {
+            step(&mut state, value, 1);
+        }
+        state
     }
 
     fn buffer(state: &KvState) -> &Arc<Buffer> {
@@ -401,5 +441,33 @@ mod tests {
             assert_eq!(flat(v), flat(v0));
         }
         assert!(a.slice(1, 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn branches_grown_from_cached_prefixes_leave_the_cache_alone() {
+        use lmhost_plugin_kit::prefix_cache::PrefixCache;
+        let mut cache = PrefixCache::new(16, 0);
+        let stored = [1.0, 2.0, 3.0, 4.0, 5.0];
+        cache.store(&[1, 2, 3, 4, 5], state_of(&stored));
+        // A view of part of one stored segment, grown.
+        let (mut b, len) = cache.lookup(&[1, 2, 3, 8, 8, 8], 0).unwrap();
+        assert_eq!(len, 3);
+        step(&mut b, 8.0, 2);
+        assert_eq!(values(&b), [1.0, 2.0, 3.0, 8.0, 8.0]);
+        cache.store(&[1, 2, 3, 8, 8], b);
+        let (again, len) = cache.lookup(&[1, 2, 3, 4, 5, 6], 0).unwrap();
+        assert_eq!(len, 5);
+        assert_eq!(values(&again), stored);
+        // A whole stored segment (after the split above, [1, 2, 3] is one), grown.
+        let (mut head, len) = cache.lookup(&[1, 2, 3, 9], 0).unwrap();
+        assert_eq!(len, 3);
+        step(&mut head, 9.0, 3);
+        // Segments joined from several nodes, grown.
+        let (mut grown, _) = cache.lookup(&[1, 2, 3, 4, 5, 6], 0).unwrap();
+        step(&mut grown, 6.0, 3);
+        let (again, _) = cache.lookup(&[1, 2, 3, 4, 5, 6], 0).unwrap();
+        assert_eq!(values(&again), stored);
+        let (again, _) = cache.lookup(&[1, 2, 3, 8, 8, 0], 0).unwrap();
+        assert_eq!(values(&again), [1.0, 2.0, 3.0, 8.0, 8.0]);
     }
 }

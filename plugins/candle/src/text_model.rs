@@ -14,10 +14,11 @@ use lmhost_plugin_api::{
 };
 
 use crate::engine::Engine;
+use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
-use crate::prefix_cache::{PrefixCache, PrefixStore};
 use crate::{attention, poisoned, source};
+use lmhost_plugin_kit::prefix_cache::{PrefixCache, PrefixStore};
 
 pub struct TextModel {
     model_id: String,
@@ -30,7 +31,7 @@ pub struct TextModel {
 #[derive(Default)]
 struct CacheState {
     /// The prefix cache when `[kv_cache]` turns it on; `None` runs without one.
-    store: Option<PrefixCache>,
+    store: Option<PrefixCache<KvState>>,
     warned_half: bool,
 }
 
@@ -179,12 +180,12 @@ impl TextModel {
     /// cached calls run one at a time; uncached calls run concurrently.
     fn with_store<T>(
         &self,
-        f: impl FnOnce(Option<&mut dyn PrefixStore>) -> Result<T, PluginError>,
+        f: impl FnOnce(Option<&mut dyn PrefixStore<KvState>>) -> Result<T, PluginError>,
     ) -> Result<T, PluginError> {
         let mut cache = self.cache.lock().map_err(poisoned)?;
         match cache.store.as_mut() {
             Some(store) => {
-                let store: &mut dyn PrefixStore = store;
+                let store: &mut dyn PrefixStore<KvState> = store;
                 f(Some(store))
             }
             None => {

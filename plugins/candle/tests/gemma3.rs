@@ -32,10 +32,10 @@ use common::{
     backend, family_config, family_metadata, family_tensors, gguf_tensors, head_dim, llama_cpp,
     max_diff, write_checkpoint, write_gguf_file, LlamaCppInput,
 };
-use lmhost_candle::sampling::log_softmax;
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::{json, Value as Json};
 use lmhost_plugin_api::{Backend, ConversationSnapshot, KvCacheSettings};
+use lmhost_plugin_kit::sampling::log_softmax;
 
 /// Ours against llama.cpp on the tiny f32 model (see the module doc for all three).
 const TINY_TOL: f32 = 2e-3;

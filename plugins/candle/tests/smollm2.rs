@@ -88,7 +88,7 @@ fn logprobs_match_a_full_forward_and_score() {
         .iter()
         .enumerate()
         .map(|(i, &id)| {
-            lmhost_candle::sampling::log_softmax(&rows[prompt.len() - 1 + i])[id as usize]
+            lmhost_plugin_kit::sampling::log_softmax(&rows[prompt.len() - 1 + i])[id as usize]
         })
         .collect();
     let diff = max_abs_diff(&r.logprobs, &full);

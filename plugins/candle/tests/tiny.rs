@@ -317,7 +317,7 @@ struct LastPrompt {
     lookups: usize,
 }
 
-impl lmhost_candle::prefix_cache::PrefixStore for LastPrompt {
+impl lmhost_plugin_kit::prefix_cache::PrefixStore<lmhost_candle::kv::KvState> for LastPrompt {
     fn lookup(
         &mut self,
         tokens: &[u32],

@@ -1,65 +1,69 @@
-//! Tests of the prefix cache on small real tensors. A position's keys encode the token and the
-//! position (`token * 1000 + position`, values the negative), so a returned state can be checked
-//! value by value against the tokens it claims to cover.
-
-use candle_core::{Device, Tensor};
+//! Tests of the tree with a segment that records the token and position of each entry, so a
+//! returned state can be checked entry by entry against the tokens it claims to cover. The
+//! backends test their own segment types (candle: `kv.rs`).
 
 use super::*;
 
-const LAYERS: usize = 2;
-const HEADS: usize = 2;
-const HEAD_DIM: usize = 3;
-/// Bytes one position costs: keys and values of every layer, f32.
-const POSITION_BYTES: u64 = (LAYERS * 2 * HEADS * HEAD_DIM * 4) as u64;
+/// Bytes one position costs, as a backend with 2 layers, 2 heads of 3 f32 would count them.
+const POSITION_BYTES: u64 = 2 * 2 * 2 * 3 * 4;
 
-fn code(token: u32, position: usize) -> f32 {
-    (token * 1000) as f32 + position as f32
-}
+/// `(token, position)` per position held.
+#[derive(Debug, Clone, Default)]
+struct Trace(Vec<(u32, usize)>);
 
-/// Appends `tokens` at positions `state.len()..` to every layer.
-fn extend(state: &mut KvState, tokens: &[u32]) {
-    let start = state.len();
-    let codes: Vec<f32> = tokens
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &t)| [code(t, start + i)].repeat(HEAD_DIM))
-        .collect();
-    let per_head = Tensor::from_vec(codes, (1, 1, tokens.len(), HEAD_DIM), &Device::Cpu).unwrap();
-    let k = per_head.repeat((1, HEADS, 1, 1)).unwrap();
-    let v = k.neg().unwrap();
-    for layer in 0..LAYERS {
-        state.append(layer, &k, &v).unwrap();
+impl Segment for Trace {
+    fn empty() -> Self {
+        Trace::default()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.0.len() as u64 * POSITION_BYTES
+    }
+
+    fn slice(&self, start: usize, len: usize) -> Option<Self> {
+        self.0.get(start..start + len).map(|s| Trace(s.to_vec()))
+    }
+
+    fn prefix(&self, len: usize) -> Option<Self> {
+        self.slice(0, len)
+    }
+
+    fn concat(parts: &[Self]) -> Option<Self> {
+        Some(Trace(parts.iter().flat_map(|p| p.0.clone()).collect()))
     }
 }
 
-fn state_of(tokens: &[u32]) -> KvState {
-    let mut state = KvState::new(LAYERS);
+type PrefixCache = super::PrefixCache<Trace>;
+
+/// Appends `tokens` at positions `state.len()..`.
+fn extend(state: &mut Trace, tokens: &[u32]) {
+    let start = state.len();
+    state
+        .0
+        .extend(tokens.iter().enumerate().map(|(i, &t)| (t, start + i)));
+}
+
+fn state_of(tokens: &[u32]) -> Trace {
+    let mut state = Trace::default();
     extend(&mut state, tokens);
     state
 }
 
-/// The tokens a state encodes, checked to agree across layers, heads, keys and values.
-fn decode(state: &KvState) -> Vec<u32> {
-    let mut tokens = None;
-    for layer in 0..LAYERS {
-        let (k, v) = state.layer(layer).unwrap();
-        let keys: Vec<Vec<Vec<f32>>> = k.squeeze(0).unwrap().to_vec3().unwrap();
-        let values: Vec<Vec<Vec<f32>>> = v.neg().unwrap().squeeze(0).unwrap().to_vec3().unwrap();
-        assert_eq!(keys, values);
-        for head in &keys {
-            let decoded: Vec<u32> = head
-                .iter()
-                .enumerate()
-                .map(|(pos, row)| {
-                    assert!(row.iter().all(|&x| x == row[0]));
-                    assert_eq!(row[0] as usize % 1000, pos, "position {pos} out of place");
-                    row[0] as u32 / 1000
-                })
-                .collect();
-            assert_eq!(*tokens.get_or_insert(decoded.clone()), decoded);
-        }
-    }
-    tokens.unwrap_or_default()
+/// The tokens a state holds, each checked to sit at its own position.
+fn decode(state: &Trace) -> Vec<u32> {
+    state
+        .0
+        .iter()
+        .enumerate()
+        .map(|(pos, &(token, at))| {
+            assert_eq!(at, pos, "position {pos} out of place");
+            token
+        })
+        .collect()
 }
 
 /// Looks `tokens` up and checks the state covers exactly the reported match of `tokens`.
@@ -252,26 +256,6 @@ fn reset_drops_entries_and_counters() {
     assert_eq!(matched(&mut cache, &[4, 5, 6, 7]), 0);
     store(&mut cache, &[4, 5, 6]);
     assert_eq!(matched(&mut cache, &[4, 5, 6, 7]), 3);
-}
-
-#[test]
-fn a_branch_grown_from_a_cropped_state_leaves_stored_values_alone() {
-    let mut cache = PrefixCache::new(16, 0);
-    let a = [1, 2, 3, 4, 5];
-    store(&mut cache, &a);
-    let (mut b, len) = cache.lookup(&[1, 2, 3, 8, 8, 8], 0).unwrap();
-    assert_eq!(len, 3);
-    extend(&mut b, &[8, 8]);
-    assert_eq!(decode(&b), [1, 2, 3, 8, 8]);
-    cache.store(&[1, 2, 3, 8, 8], b);
-    check(&cache);
-    let (again, len) = cache.lookup(&[1, 2, 3, 4, 5, 6], 0).unwrap();
-    assert_eq!(len, 5);
-    assert_eq!(decode(&again), a);
-    // And the other way: growing what a lookup returned does not reach back into the cache.
-    let (mut grown, _) = cache.lookup(&[1, 2, 3, 4, 5, 6], 0).unwrap();
-    extend(&mut grown, &[6, 6, 6]);
-    assert_eq!(matched(&mut cache, &[1, 2, 3, 4, 5, 6, 6]), 5);
 }
 
 #[test]

@@ -1,4 +1,6 @@
 //! Prompt-prefix KV cache: a radix tree of token sequences whose edges own their KV segments.
+//! Generic over the backend's state type ([`Segment`]): candle keeps tensors, onnx plain
+//! buffers, and both share this tree.
 //!
 //! `lmhost explain` sends hundreds of prompts that are one conversation with parts removed;
 //! prompts that keep the same leading parts share a token prefix. Computing that prefix once and
@@ -14,8 +16,8 @@
 //! - **Lookup** walks the prompt down the tree (one hash probe per edge, one comparison per
 //!   token), so it costs O(prompt length) whatever the number of entries, and finds the longest
 //!   common prefix with *any* stored sequence, including one that diverges mid-edge. The state
-//!   it returns is a fresh concatenation (or a clone of one segment): the caller may append to
-//!   it, and nothing stored can change (see [`crate::kv`]). A batched caller says how much it
+//!   it returns is a fresh concatenation (or a view of one segment): the caller may append to
+//!   it, and nothing stored can change (a [`Segment`] promises that). A batched caller says how much it
 //!   can already take from an earlier prompt of its batch; the counters record what was reused
 //!   from either, so they match the records' `cached_prompt_tokens`.
 //! - **Entries are leaves.** Eviction is least-recently-used over leaves with a monotonic clock
@@ -27,16 +29,35 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::kv::KvState;
+/// The computed state (keys and values of every layer) of consecutive positions, as a backend
+/// holds it. A segment is a snapshot: growing a clone or a prefix of it never changes it.
+pub trait Segment: Clone + Send {
+    /// A state of no positions.
+    fn empty() -> Self;
+    /// Positions held.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes the held positions take.
+    fn bytes(&self) -> u64;
+    /// Positions `start..start + len` in memory of their own, so a stored segment never keeps
+    /// a larger buffer it was cut from alive; `None` when that cannot be made.
+    fn slice(&self, start: usize, len: usize) -> Option<Self>;
+    /// The first `len` positions (a view where the type can share memory).
+    fn prefix(&self, len: usize) -> Option<Self>;
+    /// The positions of `parts`, one after the other.
+    fn concat(parts: &[Self]) -> Option<Self>;
+}
 
-/// Where prefix states are kept between calls: the engine asks through this, [`PrefixCache`]
+/// Where prefix states are kept between calls: an engine asks through this, [`PrefixCache`]
 /// is one, and a test may bring another.
-pub trait PrefixStore: Send {
+pub trait PrefixStore<S>: Send {
     /// The longest stored prefix of `tokens` (at most `tokens.len() - 1`), cropped to it, if it
     /// is longer than `shared`: the positions the caller can already take from an earlier
     /// prompt of its batch. Counts one lookup that reused the longer of the two.
-    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)>;
-    fn store(&mut self, tokens: &[u32], state: KvState);
+    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(S, usize)>;
+    fn store(&mut self, tokens: &[u32], state: S);
 }
 
 /// Counters and sizes of a [`PrefixCache`].
@@ -61,12 +82,12 @@ const ROOT: NodeId = 0;
 
 /// One edge of the radix tree and the node it leads to.
 #[derive(Debug)]
-struct Node {
+struct Node<S> {
     parent: NodeId,
     /// Tokens of the edge from `parent`; empty only for the root.
     edge: Vec<u32>,
     /// KV state of exactly the positions of `edge`.
-    kv: KvState,
+    kv: S,
     /// Children keyed by the first token of their edge.
     children: HashMap<u32, NodeId>,
     /// Clock value of the last lookup or store whose path reached this node.
@@ -75,9 +96,9 @@ struct Node {
 
 /// A token-keyed store of KV snapshots with longest-common-prefix lookup and LRU eviction.
 #[derive(Debug)]
-pub struct PrefixCache {
+pub struct PrefixCache<S> {
     /// Arena of nodes; `None` marks a free slot listed in `free`.
-    nodes: Vec<Option<Node>>,
+    nodes: Vec<Option<Node<S>>>,
     free: Vec<NodeId>,
     /// Leaves ordered by last use, oldest first.
     leaves: BTreeSet<(u64, NodeId)>,
@@ -91,14 +112,14 @@ pub struct PrefixCache {
     evictions: u64,
 }
 
-impl PrefixCache {
+impl<S: Segment> PrefixCache<S> {
     /// A cache holding at most `max_entries` leaves and `max_bytes` bytes (0: no byte budget).
     pub fn new(max_entries: usize, max_bytes: u64) -> Self {
         PrefixCache {
             nodes: vec![Some(Node {
                 parent: ROOT,
                 edge: Vec::new(),
-                kv: KvState::new(0),
+                kv: S::empty(),
                 children: HashMap::new(),
                 stamp: 0,
             })],
@@ -120,7 +141,7 @@ impl PrefixCache {
     /// prefix's state (the caller owns it) and its length when it is longer than `shared`, the
     /// positions the caller can take from elsewhere (an earlier prompt of its batch). Counts a
     /// hit reusing the longer of the two, or a miss when both are 0.
-    pub fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)> {
+    pub fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(S, usize)> {
         let wanted = &tokens[..tokens.len().saturating_sub(1)];
         let path = self.walk(wanted);
         let matched: usize = path.iter().map(|&(_, take)| take).sum();
@@ -151,7 +172,7 @@ impl PrefixCache {
     /// Stores `state` (whose length must equal `tokens.len()`) under `tokens`, keeping only the
     /// positions no stored sequence already covers, then evicts least-recently-used leaves
     /// beyond `max_entries` or `max_bytes`.
-    pub fn store(&mut self, tokens: &[u32], state: KvState) {
+    pub fn store(&mut self, tokens: &[u32], state: S) {
         debug_assert_eq!(
             state.len(),
             tokens.len(),
@@ -228,31 +249,24 @@ impl PrefixCache {
     }
 
     /// The state of a walked path: its segments, the last one cropped to what matched.
-    fn assemble(&self, path: &[(NodeId, usize)]) -> Option<KvState> {
+    fn assemble(&self, path: &[(NodeId, usize)]) -> Option<S> {
         let parts = path
             .iter()
             .map(|&(id, take)| {
-                let mut kv = self.node(id).kv.clone();
+                let kv = &self.node(id).kv;
                 if take < kv.len() {
-                    kv.crop(take)?;
+                    kv.prefix(take)
+                } else {
+                    Some(kv.clone())
                 }
-                Ok(kv)
             })
-            .collect::<candle_core::Result<Vec<_>>>()
-            .ok()?;
-        KvState::concat(&parts).ok()
+            .collect::<Option<Vec<_>>>()?;
+        S::concat(&parts)
     }
 
     /// Hangs `tokens` (positions `start..` of `state`) below `parent` as a new leaf.
-    fn add_leaf(
-        &mut self,
-        parent: NodeId,
-        tokens: &[u32],
-        state: &KvState,
-        start: usize,
-        now: u64,
-    ) {
-        let Ok(kv) = state.slice(start, tokens.len()) else {
+    fn add_leaf(&mut self, parent: NodeId, tokens: &[u32], state: &S, start: usize, now: u64) {
+        let Some(kv) = state.slice(start, tokens.len()) else {
             return;
         };
         self.bytes += kv.bytes();
@@ -278,8 +292,8 @@ impl PrefixCache {
     /// segment could not be copied.
     fn split(&mut self, child: NodeId, at: usize) -> Option<NodeId> {
         let old = self.node(child);
-        let head = old.kv.slice(0, at).ok()?;
-        let tail = old.kv.slice(at, old.edge.len() - at).ok()?;
+        let head = old.kv.slice(0, at)?;
+        let tail = old.kv.slice(at, old.edge.len() - at)?;
         let (parent, stamp, old_bytes) = (old.parent, old.stamp, old.kv.bytes());
         let head_tokens = old.edge[..at].to_vec();
         let (first, tail_first) = (head_tokens[0], old.edge[at]);
@@ -345,7 +359,7 @@ impl PrefixCache {
         id != ROOT && self.node(id).children.is_empty()
     }
 
-    fn insert(&mut self, node: Node) -> NodeId {
+    fn insert(&mut self, node: Node<S>) -> NodeId {
         match self.free.pop() {
             Some(id) => {
                 self.nodes[id] = Some(node);
@@ -358,31 +372,31 @@ impl PrefixCache {
         }
     }
 
-    fn node(&self, id: NodeId) -> &Node {
+    fn node(&self, id: NodeId) -> &Node<S> {
         self.nodes[id]
             .as_ref()
             .expect("tree links point at live nodes")
     }
 
-    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+    fn node_mut(&mut self, id: NodeId) -> &mut Node<S> {
         self.nodes[id]
             .as_mut()
             .expect("tree links point at live nodes")
     }
 }
 
-impl PrefixStore for PrefixCache {
-    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)> {
+impl<S: Segment> PrefixStore<S> for PrefixCache<S> {
+    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(S, usize)> {
         PrefixCache::lookup(self, tokens, shared)
     }
 
-    fn store(&mut self, tokens: &[u32], state: KvState) {
+    fn store(&mut self, tokens: &[u32], state: S) {
         PrefixCache::store(self, tokens, state)
     }
 }
 
 /// How many leading tokens `a` and `b` share.
-pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
