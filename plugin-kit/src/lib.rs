@@ -7,6 +7,7 @@
 //! which third-party plugin authors may use too.
 
 pub mod gguf;
+pub mod hf;
 pub mod prefix_cache;
 pub mod prompt;
 pub mod sampling;

@@ -9,10 +9,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device};
-use lmhost_plugin_kit::template::ChatTemplate;
-use lmhost_plugin_kit::tokenizer::TextTokenizer;
+use lmhost_plugin_kit::hf::HfText;
 use serde_json::Value;
-use tokenizers::Tokenizer;
 
 use super::Loaded;
 use crate::memory::WeightBytes;
@@ -226,30 +224,6 @@ impl WeightSource for SafetensorsSource {
     }
 }
 
-/// A special token in tokenizer_config.json: a string or `{"content": ...}`.
-fn token_text(v: Option<&Value>) -> Option<String> {
-    match v? {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(o) => o.get("content")?.as_str().map(String::from),
-        _ => None,
-    }
-}
-
-/// EOS ids: config.json's `eos_token_id` (a number or a list), else the tokenizer's eos token.
-fn eos_ids(config: &Value, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Vec<u32> {
-    match config.get("eos_token_id") {
-        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|v| v.as_u64().map(|n| n as u32))
-            .collect(),
-        _ => eos_token
-            .and_then(|t| tokenizer.token_to_id(t))
-            .into_iter()
-            .collect(),
-    }
-}
-
 /// The config of each family a checkpoint may hold.
 enum Config {
     Llama(LlamaConfig),
@@ -314,23 +288,11 @@ pub fn load(
             text_architectures().join(", ")
         )));
     };
-    let tokenizer = Tokenizer::from_file(&files.tokenizer)
-        .map_err(|e| format!("{}: {e}", files.tokenizer.display()))?;
-    let tok_config: Value = match &files.tokenizer_config {
-        Some(p) => serde_json::from_str(&read(p)?).map_err(|e| format!("{}: {e}", p.display()))?,
-        None => Value::Null,
-    };
-    let id_of = |key: &str| token_text(tok_config.get(key)).and_then(|t| tokenizer.token_to_id(&t));
-    let (bos, eos_token) = (id_of("bos_token"), token_text(tok_config.get("eos_token")));
-    let eos = eos_ids(&config_json, eos_token.as_deref(), &tokenizer);
-    let chat_template = match (&files.tokenizer_config, tok_config.get("chat_template")) {
-        (Some(path), Some(_)) => Some(
-            ChatTemplate::from_json(&tok_config, path.display().to_string())
-                .map_err(|e| e.to_string())?,
-        ),
-        _ => None,
-    };
-    let tokenizer = TextTokenizer::from_hf(tokenizer, bos, eos.first().copied());
+    let text = HfText::read(
+        &files.tokenizer,
+        files.tokenizer_config.as_deref(),
+        &config_json,
+    )?;
     let mut source = SafetensorsSource::open(&files.weights, &build.device)?;
     if let Config::Gemma3(gemma) = &cfg {
         source.gemma3_layout(gemma.multimodal, gemma.tied)?;
@@ -342,8 +304,8 @@ pub fn load(
     };
     Ok(Loaded {
         model,
-        tokenizer,
-        chat_template,
-        eos_ids: eos,
+        tokenizer: text.tokenizer,
+        chat_template: text.chat_template,
+        eos_ids: text.eos_ids,
     })
 }
