@@ -12,4 +12,5 @@ pub mod prefix_cache;
 pub mod prompt;
 pub mod sampling;
 pub mod template;
+pub mod text;
 pub mod tokenizer;

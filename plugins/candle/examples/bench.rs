@@ -107,10 +107,10 @@ struct Ours {
 
 impl Runner for Ours {
     fn reset(&mut self) {
-        self.kv = self.engine.loaded.model.new_state();
+        self.kv = self.engine.model.new_state();
     }
     fn step(&mut self, ids: &[u32]) -> anyhow::Result<u32> {
-        let model = &self.engine.loaded.model;
+        let model = &self.engine.model;
         let mut pass = || model.forward(ids, &mut self.kv, Logits::Last, false);
         // One id is a decode step, run as the engine's sampling loop runs it.
         let out = if ids.len() == 1 {
@@ -316,7 +316,7 @@ fn bench_model(model: &Model, setup: &Setup, llama: bool) -> anyhow::Result<()> 
         Ok(Candle::new(context)?.engine()?)
     };
     // BOS as the model's metadata says, like llama.cpp's tokenizer.
-    let ids = load("as_stored")?.encode(&TEXT.repeat(60), true)?;
+    let ids = load("as_stored")?.front.encode(&TEXT.repeat(60), true)?;
     anyhow::ensure!(
         ids.len() >= setup.prefill,
         "prompt too short: {}",
@@ -355,7 +355,7 @@ fn bench_model(model: &Model, setup: &Setup, llama: bool) -> anyhow::Result<()> 
         for weights in env_list("BENCH_WEIGHTS", "auto,f32,compact,mixed,as_stored") {
             let engine = load(&weights)?;
             let mut ours = Ours {
-                kv: engine.loaded.model.new_state(),
+                kv: engine.model.new_state(),
                 engine,
             };
             let mut row_notes = Vec::new();

@@ -203,7 +203,7 @@ fn load(path: &Path, weights: &str, budget: &str) -> anyhow::Result<()> {
     let engine = backend.engine()?;
     let load_s = start.elapsed().as_secs_f64();
     let rss_loaded = status_bytes("VmRSS:")?;
-    let model = &engine.loaded.model;
+    let model = &engine.model;
     let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| 300 + i * 97).collect();
     let mut kv = model.new_state();
     let out = model.forward(&prompt, &mut kv, Logits::Last, false)?;

@@ -178,7 +178,7 @@ fn main() -> anyhow::Result<()> {
     let mut prompts = (1..1u32 << n)
         .map(|mask| {
             let snapshot = coalition(messages, mask)?;
-            let ids = engine.prompt_ids(&snapshot, 0)?;
+            let ids = engine.front.prompt_ids(&snapshot, 0)?;
             Ok((ids, snapshot))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -189,7 +189,7 @@ fn main() -> anyhow::Result<()> {
         "SmolLM2-135M Q4_1 GGUF, weights={weights}, CPU; {} prompts (non-empty subsets of {n} \
          messages), {total} prompt tokens, one {}-token reply each",
         prompts.len(),
-        engine.encode(REPLY, false)?.len()
+        engine.front.encode(REPLY, false)?.len()
     );
 
     let reference = compare(&b, &prompts, total, 1, None)?;

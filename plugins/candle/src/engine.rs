@@ -16,17 +16,15 @@
 
 use candle_core::Tensor;
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError,
-    ScoreRecord, TokenizeRecord,
+    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord,
 };
-use lmhost_plugin_kit::prompt::PromptFormat;
+use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore};
+use lmhost_plugin_kit::text::{logprob_of, TextFrontEnd};
 
 use crate::kv::KvState;
-use crate::models::{mean_rows, Forward, Logits, Seq};
+use crate::models::{mean_rows, CausalLm, Forward, Logits, Seq};
 use crate::source::Loaded;
 use crate::weights;
-use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore};
-use lmhost_plugin_kit::sampling::{log_softmax, Rng, Sampler};
 
 /// Rows per forward pass of one long sequence (bounds activation memory); a sequence longer
 /// than this runs alone, in chunks.
@@ -65,13 +63,10 @@ struct Ran {
     logits: Tensor,
 }
 
-/// A loaded model with its prompt format.
+/// A loaded model behind its text front end.
 pub struct Engine {
-    pub loaded: Loaded,
-    format: PromptFormat,
-    /// The model as users named it, for errors.
-    model_id: String,
-    max_context: usize,
+    pub model: Box<dyn CausalLm>,
+    pub front: TextFrontEnd,
 }
 
 fn internal(e: candle_core::Error) -> PluginError {
@@ -82,106 +77,29 @@ fn rows(t: &Tensor) -> Result<Vec<Vec<f32>>, PluginError> {
     t.to_vec2::<f32>().map_err(internal)
 }
 
-/// log p(id) from a row of raw logits (-inf for an id outside the model's vocabulary).
-fn logprob_of(row: &[f32], id: u32) -> f32 {
-    log_softmax(row)
-        .get(id as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY)
-}
-
 impl Engine {
     /// `chat_template` is the backend option (a file, or `"plain"`), which overrides the model's.
     pub fn new(
-        mut loaded: Loaded,
+        loaded: Loaded,
         max_context: usize,
         chat_template: Option<&str>,
         model_id: &str,
     ) -> Result<Self, PluginError> {
-        let format = PromptFormat::choose(chat_template, loaded.chat_template.take())?;
-        let model_max = loaded.model.max_context();
-        let max_context = if max_context == 0 {
-            model_max
-        } else {
-            max_context.min(model_max)
-        };
-        Ok(Engine {
-            loaded,
-            format,
-            model_id: model_id.to_string(),
-            max_context,
-        })
-    }
-
-    pub fn max_context(&self) -> usize {
-        self.max_context
-    }
-
-    /// Tokens of `text`; special-token strings in it (chat markers) become their ids.
-    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, PluginError> {
-        self.loaded
-            .tokenizer
-            .encode(text, add_special, true)
-            .map_err(|e| PluginError::internal(format!("tokenizer: {e}")))
-    }
-
-    /// The text of `ids`; `skip_special` drops control tokens (an end-of-turn marker).
-    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, PluginError> {
-        self.loaded
-            .tokenizer
-            .decode(ids, skip_special)
-            .map_err(|e| PluginError::internal(format!("tokenizer: {e}")))
-    }
-
-    /// The prompt's tokens as the model runs them (`add_special`), or its text's tokens alone.
-    pub fn tokenize(
-        &self,
-        snapshot: &ConversationSnapshot,
-        add_special: bool,
-    ) -> Result<TokenizeRecord, PluginError> {
-        let prompt = self.format.render(snapshot, &self.model_id)?;
-        let ids = self.encode(&prompt.text, add_special && prompt.add_special)?;
-        let pieces = ids
-            .iter()
-            .map(|&id| self.decode(&[id], false).map(Into::into))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(TokenizeRecord {
-            token_ids: ids.into(),
-            pieces: pieces.into(),
-        })
-    }
-
-    /// The prompt's tokens, checked to be non-empty and to leave room for `extra` tokens.
-    pub fn prompt_ids(
-        &self,
-        snapshot: &ConversationSnapshot,
-        extra: usize,
-    ) -> Result<Vec<u32>, PluginError> {
-        let prompt = self.format.render(snapshot, &self.model_id)?;
-        let mut ids = self.encode(&prompt.text, prompt.add_special)?;
-        if ids.is_empty() && prompt.add_special {
-            // Empty raw text starts from the model's start-of-text token, so that it can still
-            // be continued (an explanation's empty coalition is such a prompt).
-            ids.extend(self.loaded.tokenizer.bos_id());
-        }
-        if ids.is_empty() {
-            return Err(PluginError::invalid_input(
-                "the prompt is empty (0 tokens, and the model has no BOS token to start from)",
-            ));
-        }
-        if ids.len() + extra > self.max_context {
-            return Err(PluginError::invalid_input(format!(
-                "the prompt has {} tokens{}, more than the context of {} tokens",
-                ids.len(),
-                if extra > 0 {
-                    format!(" (+{extra} reply tokens)")
-                } else {
-                    String::new()
-                },
-                self.max_context
-            )));
-        }
-        Ok(ids)
+        let Loaded {
+            model,
+            tokenizer,
+            chat_template: template,
+            eos_ids,
+        } = loaded;
+        let front = TextFrontEnd::new(
+            tokenizer,
+            template,
+            chat_template,
+            eos_ids,
+            (max_context, model.max_context()),
+            model_id,
+        )?;
+        Ok(Engine { model, front })
     }
 
     fn forward(
@@ -190,10 +108,7 @@ impl Engine {
         kv: &mut KvState,
         logits: Logits,
     ) -> Result<Forward, PluginError> {
-        self.loaded
-            .model
-            .forward(ids, kv, logits, false)
-            .map_err(internal)
+        self.model.forward(ids, kv, logits, false).map_err(internal)
     }
 
     /// Runs `items` in packed passes, reusing cached prefixes (and, within a pass, prefixes of
@@ -264,7 +179,7 @@ impl Engine {
         items: &[Item],
         mut store: Option<&mut (dyn PrefixStore<KvState> + '_)>,
     ) -> Vec<Start> {
-        let model = &self.loaded.model;
+        let model = &self.model;
         (0..items.len())
             .map(|j| {
                 let Some(store) = store.as_deref_mut() else {
@@ -335,7 +250,6 @@ impl Engine {
                 })
                 .collect();
             let (out, _) = self
-                .loaded
                 .model
                 .forward_packed(&mut seqs, false)
                 .map_err(internal)?;
@@ -357,7 +271,7 @@ impl Engine {
     /// `ids` (to run from position `start`) padded to [`MIN_ROWS`] with copies of its last
     /// token, as far as the context allows.
     fn padded(&self, ids: &[u32], start: usize) -> Vec<u32> {
-        let room = self.loaded.model.max_context().saturating_sub(start);
+        let room = self.model.max_context().saturating_sub(start);
         let rows = ids.len().max(MIN_ROWS.min(room));
         let mut padded = ids.to_vec();
         padded.resize(rows, ids.last().copied().unwrap_or_default());
@@ -366,7 +280,7 @@ impl Engine {
 
     /// Logits of every position of `ids` from an empty state: the reference the tests use.
     pub fn logits_all(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>, PluginError> {
-        let mut kv = self.loaded.model.new_state();
+        let mut kv = self.model.new_state();
         let out = self.forward(ids, &mut kv, Logits::All)?;
         rows(
             &out.logits
@@ -380,7 +294,7 @@ impl Engine {
         config: &GenerationConfig,
         store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<GenerationRecord, PluginError> {
-        let prompt = self.prompt_ids(snapshot, 0)?;
+        let prompt = self.front.prompt_ids(snapshot, 0)?;
         let item = Item {
             prompt_len: prompt.len(),
             tokens: prompt,
@@ -396,57 +310,29 @@ impl Engine {
             reused,
             logits,
         } = ran.ok_or_else(|| PluginError::internal("no prompt state"))?;
-        let sampler = Sampler {
-            temperature: config.temperature,
-            top_k: config.top_k as usize,
-            top_p: config.top_p,
-        };
-        let mut rng = Rng::new(config.seed);
-        let mut row = rows(&logits)?.pop().unwrap_or_default();
-        let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
-        let mut text;
-        let finish = loop {
-            let next = sampler.pick(&row, &mut rng);
-            logprobs.push(logprob_of(&row, next));
-            ids.push(next);
-            if self.loaded.eos_ids.contains(&next) {
-                text = self.decode(&ids, true)?;
-                break FinishReason::Eos;
-            }
-            text = self.decode(&ids, true)?;
-            if let Some(cut) = config
-                .stop
-                .iter()
-                .filter_map(|s| text.find(s.as_str()))
-                .min()
-            {
-                text.truncate(cut);
-                break FinishReason::StopString;
-            }
-            if ids.len() >= config.max_new_tokens as usize || kv.len() >= self.max_context {
-                break FinishReason::Length;
-            }
+        let row = rows(&logits)?.pop().unwrap_or_default();
+        let sampled = self.front.sample(config, item.prompt_len, row, |next| {
             let out = weights::decoding(|| self.forward(&[next], &mut kv, Logits::Last))?;
             let logits = out
                 .logits
                 .ok_or_else(|| PluginError::internal("no logits"))?;
-            row = rows(&logits)?.pop().unwrap_or_default();
-        };
+            Ok(rows(&logits)?.pop().unwrap_or_default())
+        })?;
         let (embedding, contextual) = if config.compute_embeddings {
-            let (e, c) = self.embeddings(&ids)?;
+            let (e, c) = self.embeddings(&sampled.ids)?;
             (Some(e.into()), Some(c.into()))
         } else {
             (None, None)
         };
         Ok(GenerationRecord {
-            text: text.into(),
-            token_ids: ids.into(),
-            logprobs: logprobs.into(),
+            text: sampled.text.into(),
+            token_ids: sampled.ids.into(),
+            logprobs: sampled.logprobs.into(),
             embedding: embedding.into(),
             contextual_embedding: contextual.into(),
             prompt_tokens: item.prompt_len as u32,
             cached_prompt_tokens: reused as u32,
-            finish_reason: finish,
+            finish_reason: sampled.finish,
         })
     }
 
@@ -456,7 +342,7 @@ impl Engine {
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        let model = &self.loaded.model;
+        let model = &self.model;
         let stat = mean_rows(&model.embed(ids).map_err(internal)?).map_err(internal)?;
         let mut kv = model.new_state();
         let out = model
@@ -476,35 +362,12 @@ impl Engine {
         reply: &str,
         store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        // The reply has the same tokens after every prompt: on its own after a chat template's
-        // turn marker, and as a continuation (no SentencePiece space prefix) after raw text.
-        let chat_reply = self.encode(reply, false)?;
-        let raw_reply = self
-            .loaded
-            .tokenizer
-            .encode_continuation(reply)
-            .map_err(|e| PluginError::internal(format!("tokenizer: {e}")))?;
-        let items = snapshots
-            .iter()
-            .enumerate()
-            .map(|(i, snapshot)| {
-                let reply_ids = if snapshot.is_raw() {
-                    &raw_reply
-                } else {
-                    &chat_reply
-                };
-                let item = self
-                    .prompt_ids(snapshot, reply_ids.len())
-                    .map(|prompt| Item::scoring(prompt, reply_ids.clone()));
-                item.map_err(|e| {
-                    if snapshots.len() > 1 {
-                        PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
-                    } else {
-                        e
-                    }
-                })
-            })
-            .collect::<Result<Vec<_>, PluginError>>()?;
+        let items: Vec<Item> = self
+            .front
+            .scoring_items(snapshots, reply)?
+            .into_iter()
+            .map(|(prompt, reply)| Item::scoring(prompt, reply))
+            .collect();
         if items.iter().all(|item| item.scored.is_empty()) {
             // Nothing to score: no pass, no cache traffic.
             return Ok(items.iter().map(|item| record(item, &[], 0)).collect());

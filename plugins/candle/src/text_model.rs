@@ -75,18 +75,11 @@ impl TextModel {
         add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
         self.refuse_audio(snapshot)?;
-        self.engine()?.tokenize(snapshot, add_special)
+        self.engine()?.front.tokenize(snapshot, add_special)
     }
 
     pub fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
-        let engine = self.engine()?;
-        let vocab = engine.loaded.tokenizer.vocab_size();
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(PluginError::invalid_input(format!(
-                "token id {id} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
-        engine.decode(ids, false)
+        self.engine()?.front.detokenize(ids)
     }
 
     pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {

@@ -277,7 +277,7 @@ fn packed_passes_match_single_sequences_on_qwen3_and_phi3() {
     for arch in ["qwen3", "phi3"] {
         let (gguf, _) = both_formats(dir.path(), arch);
         let b = backend(&gguf, json!({"weights": "f32"}));
-        common::check_packed_pass(b.engine().unwrap().loaded.model.as_ref());
+        common::check_packed_pass(b.engine().unwrap().model.as_ref());
     }
 }
 

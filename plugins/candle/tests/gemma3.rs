@@ -83,7 +83,7 @@ fn real_model_tokenizes_as_llama_cpp() {
     ];
     for text in texts {
         let (theirs, _) = llama_cpp(&real_model_path(), LlamaCppInput::Text(text));
-        let ours = engine.encode(text, true).unwrap();
+        let ours = engine.front.encode(text, true).unwrap();
         assert_eq!(ours, theirs, "{text:?}");
         assert_eq!(ours[0], 2, "BOS first: {text:?}");
     }
@@ -241,7 +241,7 @@ fn tiny_model_packed_pass_matches_each_sequence_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_tiny(&dir.path().join("tiny.gguf"), |_| {});
     let b = backend(&path, json!({"weights": "f32"}));
-    common::check_packed_pass(b.engine().unwrap().loaded.model.as_ref());
+    common::check_packed_pass(b.engine().unwrap().model.as_ref());
 }
 
 #[test]

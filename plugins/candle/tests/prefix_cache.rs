@@ -84,7 +84,7 @@ fn coalitions(b: &Candle) -> Vec<(ConversationSnapshot, Vec<u32>)> {
     let mut all: Vec<_> = (0..1u32 << PLAYERS.len())
         .map(|mask| {
             let snapshot = coalition(mask);
-            let ids = engine.prompt_ids(&snapshot, 0).unwrap();
+            let ids = engine.front.prompt_ids(&snapshot, 0).unwrap();
             (snapshot, ids)
         })
         .collect();

@@ -79,7 +79,7 @@ fn logprobs_match_a_full_forward_and_score() {
     let b = f32_model();
     let r = b.generate(&question(), &greedy(12)).unwrap();
     let engine = b.engine().unwrap();
-    let prompt = engine.prompt_ids(&question(), 0).unwrap();
+    let prompt = engine.front.prompt_ids(&question(), 0).unwrap();
     let mut all = prompt.clone();
     all.extend_from_slice(&r.token_ids);
     let rows = engine.logits_all(&all[..all.len() - 1]).unwrap();
@@ -135,7 +135,11 @@ fn four_threads_generate_at_once() {
 }
 
 fn prompt_ids(b: &Candle) -> Vec<u32> {
-    b.engine().unwrap().prompt_ids(&question(), 0).unwrap()
+    b.engine()
+        .unwrap()
+        .front
+        .prompt_ids(&question(), 0)
+        .unwrap()
 }
 
 #[test]

@@ -31,7 +31,7 @@ fn load_error(model: &Path, options: lmhost_plugin_api::serde_json::Value) -> Pl
 
 fn logits(b: &Candle, text: &str) -> Vec<Vec<f32>> {
     let engine = b.engine().unwrap();
-    let ids = engine.encode(text, false).unwrap();
+    let ids = engine.front.encode(text, false).unwrap();
     engine.logits_all(&ids).unwrap()
 }
 
@@ -417,5 +417,5 @@ fn a_packed_pass_matches_each_sequence_run_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
     let b = backend(&path, json!({"weights": "f32"}));
-    common::check_packed_pass(b.engine().unwrap().loaded.model.as_ref());
+    common::check_packed_pass(b.engine().unwrap().model.as_ref());
 }

@@ -1,0 +1,256 @@
+//! A local text model's front end: a conversation to the prompt ids the model runs, a reply to
+//! the ids it is scored as, and the rules that end a sampled reply. candle and onnx both run
+//! their models behind one, so a prompt, a score and a stop mean the same on either.
+
+use lmhost_plugin_api::{
+    ConversationSnapshot, FinishReason, GenerationConfig, PluginError, TokenizeRecord,
+};
+
+use crate::prompt::PromptFormat;
+use crate::sampling::{log_softmax, Rng, Sampler};
+use crate::template::ChatTemplate;
+use crate::tokenizer::TextTokenizer;
+
+/// Tokenizer, prompt format, end-of-sequence ids and context length of one model.
+pub struct TextFrontEnd {
+    pub tokenizer: TextTokenizer,
+    format: PromptFormat,
+    eos_ids: Vec<u32>,
+    max_context: usize,
+    /// The model as users named it, for errors.
+    model_id: String,
+}
+
+/// A sampled reply and why it ended.
+pub struct Sampled {
+    /// Detokenized without control tokens, cut before a stop string that ended it.
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// Of each id, from the raw logits.
+    pub logprobs: Vec<f32>,
+    pub finish: FinishReason,
+}
+
+/// The ids a reply is scored as: on its own after a chat template's turn marker, and as a
+/// continuation (no SentencePiece space prefix) after raw text.
+pub struct ReplyIds {
+    chat: Vec<u32>,
+    raw: Vec<u32>,
+}
+
+impl ReplyIds {
+    /// The reply's ids after `snapshot`'s prompt.
+    pub fn after(&self, snapshot: &ConversationSnapshot) -> &[u32] {
+        if snapshot.is_raw() {
+            &self.raw
+        } else {
+            &self.chat
+        }
+    }
+}
+
+/// log p(id) from a row of raw logits (-inf for an id outside the model's vocabulary).
+pub fn logprob_of(row: &[f32], id: u32) -> f32 {
+    log_softmax(row)
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY)
+}
+
+fn tokenizer_error(e: impl std::fmt::Display) -> PluginError {
+    PluginError::internal(format!("tokenizer: {e}"))
+}
+
+impl TextFrontEnd {
+    /// `template_option` is the backend's `chat_template` option (a file, or `"plain"`), which
+    /// overrides the model's own `template`. `max_context` 0 means the model's `model_max`.
+    pub fn new(
+        tokenizer: TextTokenizer,
+        template: Option<ChatTemplate>,
+        template_option: Option<&str>,
+        eos_ids: Vec<u32>,
+        (max_context, model_max): (usize, usize),
+        model_id: &str,
+    ) -> Result<Self, PluginError> {
+        let max_context = if max_context == 0 {
+            model_max
+        } else {
+            max_context.min(model_max)
+        };
+        Ok(TextFrontEnd {
+            tokenizer,
+            format: PromptFormat::choose(template_option, template)?,
+            eos_ids,
+            max_context,
+            model_id: model_id.to_string(),
+        })
+    }
+
+    /// Longest prompt + reply, in tokens.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Tokens of `text`; special-token strings in it (chat markers) become their ids.
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, PluginError> {
+        self.tokenizer
+            .encode(text, add_special, true)
+            .map_err(tokenizer_error)
+    }
+
+    /// The text of `ids`; `skip_special` drops control tokens (an end-of-turn marker).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, PluginError> {
+        self.tokenizer
+            .decode(ids, skip_special)
+            .map_err(tokenizer_error)
+    }
+
+    /// The text of `ids` as a user asked for it: ids outside the vocabulary are refused.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
+        let vocab = self.tokenizer.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(PluginError::invalid_input(format!(
+                "token id {id} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        self.decode(ids, false)
+    }
+
+    /// The prompt's tokens as the model runs them (`add_special`), or its text's tokens alone.
+    pub fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        let prompt = self.format.render(snapshot, &self.model_id)?;
+        let ids = self.encode(&prompt.text, add_special && prompt.add_special)?;
+        let pieces = ids
+            .iter()
+            .map(|&id| self.decode(&[id], false).map(Into::into))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TokenizeRecord {
+            token_ids: ids.into(),
+            pieces: pieces.into(),
+        })
+    }
+
+    /// The prompt's tokens, checked to be non-empty and to leave room for `extra` tokens.
+    pub fn prompt_ids(
+        &self,
+        snapshot: &ConversationSnapshot,
+        extra: usize,
+    ) -> Result<Vec<u32>, PluginError> {
+        let prompt = self.format.render(snapshot, &self.model_id)?;
+        let mut ids = self.encode(&prompt.text, prompt.add_special)?;
+        if ids.is_empty() && prompt.add_special {
+            // Empty raw text starts from the model's start-of-text token, so that it can still
+            // be continued (an explanation's empty coalition is such a prompt).
+            ids.extend(self.tokenizer.bos_id());
+        }
+        if ids.is_empty() {
+            return Err(PluginError::invalid_input(
+                "the prompt is empty (0 tokens, and the model has no BOS token to start from)",
+            ));
+        }
+        if ids.len() + extra > self.max_context {
+            return Err(PluginError::invalid_input(format!(
+                "the prompt has {} tokens{}, more than the context of {} tokens",
+                ids.len(),
+                if extra > 0 {
+                    format!(" (+{extra} reply tokens)")
+                } else {
+                    String::new()
+                },
+                self.max_context
+            )));
+        }
+        Ok(ids)
+    }
+
+    /// The ids `reply` is scored as (the same after every prompt of a kind).
+    pub fn reply_ids(&self, reply: &str) -> Result<ReplyIds, PluginError> {
+        Ok(ReplyIds {
+            chat: self.encode(reply, false)?,
+            raw: self
+                .tokenizer
+                .encode_continuation(reply)
+                .map_err(tokenizer_error)?,
+        })
+    }
+
+    /// Each prompt of a batch with the reply after it, as `(prompt ids, reply ids)`. A prompt
+    /// that cannot be scored (too long) fails the call, naming it.
+    pub fn scoring_items(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<(Vec<u32>, Vec<u32>)>, PluginError> {
+        let replies = self.reply_ids(reply)?;
+        snapshots
+            .iter()
+            .enumerate()
+            .map(|(i, snapshot)| {
+                let reply = replies.after(snapshot);
+                let prompt = self.prompt_ids(snapshot, reply.len()).map_err(|e| {
+                    if snapshots.len() > 1 {
+                        PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
+                    } else {
+                        e
+                    }
+                })?;
+                Ok((prompt, reply.to_vec()))
+            })
+            .collect()
+    }
+
+    /// Samples a reply after a prompt of `prompt_len` tokens whose last logits row is `row`;
+    /// `next(id)` runs the model one token on and returns the following row. Ends at an
+    /// end-of-sequence id, a stop string, `max_new_tokens` or the context length.
+    pub fn sample(
+        &self,
+        config: &GenerationConfig,
+        prompt_len: usize,
+        mut row: Vec<f32>,
+        mut next: impl FnMut(u32) -> Result<Vec<f32>, PluginError>,
+    ) -> Result<Sampled, PluginError> {
+        let sampler = Sampler {
+            temperature: config.temperature,
+            top_k: config.top_k as usize,
+            top_p: config.top_p,
+        };
+        let mut rng = Rng::new(config.seed);
+        let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
+        loop {
+            let id = sampler.pick(&row, &mut rng);
+            logprobs.push(logprob_of(&row, id));
+            ids.push(id);
+            let mut text = self.decode(&ids, true)?;
+            let finish = if self.eos_ids.contains(&id) {
+                Some(FinishReason::Eos)
+            } else if let Some(cut) = config
+                .stop
+                .iter()
+                .filter_map(|s| text.find(s.as_str()))
+                .min()
+            {
+                text.truncate(cut);
+                Some(FinishReason::StopString)
+            } else if ids.len() >= config.max_new_tokens as usize
+                || prompt_len + ids.len() - 1 >= self.max_context
+            {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(finish) = finish {
+                return Ok(Sampled {
+                    text,
+                    ids,
+                    logprobs,
+                    finish,
+                });
+            }
+            row = next(id)?;
+        }
+    }
+}
