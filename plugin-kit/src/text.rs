@@ -31,6 +31,12 @@ pub struct Sampled {
     pub finish: FinishReason,
 }
 
+/// A prompt's ids and the reply's ids after it.
+pub struct Scoring {
+    pub prompt: Vec<u32>,
+    pub reply: Vec<u32>,
+}
+
 /// The ids a reply is scored as: on its own after a chat template's turn marker, and as a
 /// continuation (no SentencePiece space prefix) after raw text.
 pub struct ReplyIds {
@@ -178,13 +184,13 @@ impl TextFrontEnd {
         })
     }
 
-    /// Each prompt of a batch with the reply after it, as `(prompt ids, reply ids)`. A prompt
-    /// that cannot be scored (too long) fails the call, naming it.
+    /// Each prompt of a batch with the reply after it. A prompt that cannot be scored (too
+    /// long) fails the call, naming it.
     pub fn scoring_items(
         &self,
         snapshots: &[ConversationSnapshot],
         reply: &str,
-    ) -> Result<Vec<(Vec<u32>, Vec<u32>)>, PluginError> {
+    ) -> Result<Vec<Scoring>, PluginError> {
         let replies = self.reply_ids(reply)?;
         snapshots
             .iter()
@@ -198,7 +204,10 @@ impl TextFrontEnd {
                         e
                     }
                 })?;
-                Ok((prompt, reply.to_vec()))
+                Ok(Scoring {
+                    prompt,
+                    reply: reply.to_vec(),
+                })
             })
             .collect()
     }
@@ -236,7 +245,7 @@ impl TextFrontEnd {
                 text.truncate(cut);
                 Some(FinishReason::StopString)
             } else if ids.len() >= config.max_new_tokens as usize
-                || prompt_len + ids.len() - 1 >= self.max_context
+                || prompt_len + ids.len() > self.max_context
             {
                 Some(FinishReason::Length)
             } else {

@@ -366,7 +366,7 @@ impl Engine {
             .front
             .scoring_items(snapshots, reply)?
             .into_iter()
-            .map(|(prompt, reply)| Item::scoring(prompt, reply))
+            .map(|s| Item::scoring(s.prompt, s.reply))
             .collect();
         if items.iter().all(|item| item.scored.is_empty()) {
             // Nothing to score: no pass, no cache traffic.

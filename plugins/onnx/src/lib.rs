@@ -1,0 +1,217 @@
+//! An lmhost backend that runs decoder-only LMs exported to ONNX (Hugging Face Optimum's
+//! layout: `model.onnx` with `past_key_values.N.*` inputs and `present.N.*` outputs, plus
+//! config.json and the tokenizer files) on ONNX Runtime, loaded at run time.
+//!
+//! It keeps the same contract as candle through `lmhost-plugin-kit`: the same prompts (chat
+//! template, tokenizer), sampler, stop rules and prompt-prefix cache tree, over KV state kept as
+//! the graph's own `present` tensors.
+
+pub mod engine;
+pub mod options;
+pub mod past;
+mod runtime;
+pub mod signature;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lmhost_plugin_api::{
+    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
+    GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    TokenizeRecord,
+};
+use lmhost_plugin_kit::prefix_cache::{PrefixCache, PrefixStore};
+
+use crate::engine::Engine;
+use crate::options::Settings;
+use crate::past::Past;
+
+pub struct Onnx {
+    model_id: String,
+    settings: Settings,
+    /// Loaded on first use, so opening a backend to list or validate costs nothing.
+    engine: Mutex<Option<Arc<Engine>>>,
+    /// The prefix cache when `[kv_cache]` turns it on.
+    cache: Mutex<Option<PrefixCache<Past>>>,
+    counted: Mutex<BackendStats>,
+}
+
+/// A lock whose holder panicked is taken anyway, after `reset` makes its state safe again: a
+/// panic in one call never disables the backend.
+fn lock<T>(mutex: &Mutex<T>, reset: impl FnOnce(&mut T)) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => {
+            let mut guard = poisoned.into_inner();
+            reset(&mut guard);
+            mutex.clear_poison();
+            guard
+        }
+    }
+}
+
+impl Backend for Onnx {
+    const NAME: &'static str = "onnx";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+
+    fn options() -> Vec<OptionSpec> {
+        options::specs()
+    }
+
+    /// Loads the ONNX Runtime library now, so a missing one is reported when the backend is
+    /// opened; the model loads on first use.
+    fn new(context: PluginContext) -> Result<Self, PluginError> {
+        let settings = Settings::parse(&context.options()?);
+        runtime::with_environment(settings.ort_library.as_deref(), |_| Ok(()))?;
+        Ok(Onnx {
+            model_id: context.model_id.to_string(),
+            settings,
+            engine: Mutex::default(),
+            cache: Mutex::default(),
+            counted: Mutex::default(),
+        })
+    }
+
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            returns_logprobs: true,
+            scores_continuations: true,
+            audio_input: false,
+            prefix_cache: true,
+            embeddings: false,
+        }
+    }
+
+    fn generate(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<GenerationRecord, PluginError> {
+        config.validate()?;
+        let engine = self.engine()?;
+        let record = self.with_store(|store| engine.generate(snapshot, config, store))?;
+        self.count(
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            record.token_ids.len(),
+        );
+        Ok(record)
+    }
+
+    fn score(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
+        self.score_batch(std::slice::from_ref(snapshot), reply)?
+            .pop()
+            .ok_or_else(|| PluginError::internal("no score record"))
+    }
+
+    fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        reply: &str,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        if snapshots.is_empty() {
+            return Ok(Vec::new());
+        }
+        let engine = self.engine()?;
+        let records = self.with_store(|store| engine.score_batch(snapshots, reply, store))?;
+        for record in &records {
+            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
+        }
+        Ok(records)
+    }
+
+    fn tokenize(
+        &self,
+        snapshot: &ConversationSnapshot,
+        add_special: bool,
+    ) -> Result<TokenizeRecord, PluginError> {
+        self.engine()?.front.tokenize(snapshot, add_special)
+    }
+
+    fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
+        self.engine()?.front.detokenize(ids)
+    }
+
+    /// Also starts the token counts afresh.
+    fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
+        *lock(&self.counted, |_| {}) = BackendStats::default();
+        *lock(&self.cache, |_| {}) = settings.enabled.then(|| {
+            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
+            PrefixCache::new(max_entries, settings.max_bytes)
+        });
+        Ok(())
+    }
+
+    /// The token counts, with the prefix cache's own counters when it is on.
+    fn stats(&self) -> BackendStats {
+        let counted = *lock(&self.counted, |_| {});
+        match lock(&self.cache, reset_cache)
+            .as_ref()
+            .map(PrefixCache::stats)
+        {
+            Some(cached) => BackendStats {
+                kv_cache_hits: cached.hits,
+                kv_cache_misses: cached.misses,
+                kv_cache_reused_tokens: cached.reused_tokens,
+                kv_cache_evictions: cached.evictions,
+                kv_cache_bytes: cached.bytes,
+                ..counted
+            },
+            None => counted,
+        }
+    }
+}
+
+/// A cache a panicking call may have left half-updated is emptied.
+fn reset_cache(cache: &mut Option<PrefixCache<Past>>) {
+    if let Some(cache) = cache {
+        cache.reset();
+    }
+}
+
+impl Onnx {
+    /// The engine, loading the model on first use.
+    pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
+        let mut engine = lock(&self.engine, |_| {});
+        if let Some(engine) = engine.as_ref() {
+            return Ok(Arc::clone(engine));
+        }
+        let loaded = Arc::new(Engine::load(&self.model_id, &self.settings)?);
+        *engine = Some(Arc::clone(&loaded));
+        Ok(loaded)
+    }
+
+    /// Runs `f` with the prefix store, if one is on; cached calls run one at a time.
+    fn with_store<T>(
+        &self,
+        f: impl FnOnce(Option<&mut dyn PrefixStore<Past>>) -> Result<T, PluginError>,
+    ) -> Result<T, PluginError> {
+        let mut cache = lock(&self.cache, reset_cache);
+        match cache.as_mut() {
+            Some(store) => f(Some(store)),
+            None => {
+                drop(cache);
+                f(None)
+            }
+        }
+    }
+
+    fn count(&self, prompt: u32, cached: u32, generated: usize) {
+        let on = lock(&self.cache, reset_cache).is_some();
+        let mut stats = lock(&self.counted, |_| {});
+        stats.prompt_tokens += u64::from(prompt);
+        stats.generated_tokens += generated as u64;
+        stats.kv_cache_reused_tokens += u64::from(cached);
+        stats.kv_cache_hits += u64::from(on && cached > 0);
+        stats.kv_cache_misses += u64::from(on && cached == 0);
+    }
+}
+
+export_plugin!(Onnx);
