@@ -29,6 +29,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use lmhost_plugin_api::BackendStats;
+
 /// The computed state (keys and values of every layer) of consecutive positions, as a backend
 /// holds it. A segment is a snapshot: growing a clone or a prefix of it never changes it.
 pub trait Segment: Clone + Send {
@@ -58,6 +60,11 @@ pub trait PrefixStore<S>: Send {
     /// prompt of its batch. Counts one lookup that reused the longer of the two.
     fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(S, usize)>;
     fn store(&mut self, tokens: &[u32], state: S);
+    /// How many tokens [`PrefixStore::lookup`] would reuse now, without counting or touching
+    /// anything: what a batching caller plans with.
+    fn peek(&self, _tokens: &[u32]) -> usize {
+        0
+    }
 }
 
 /// Counters and sizes of a [`PrefixCache`].
@@ -75,6 +82,31 @@ pub struct PrefixCacheStats {
     pub bytes: u64,
     /// Distinct maximal sequences held (leaves of the tree).
     pub entries: u64,
+}
+
+impl PrefixCacheStats {
+    /// A backend's own token counts with these counters over their cache fields (a test can
+    /// hold the cache's counters against the records).
+    pub fn over(self, counted: BackendStats) -> BackendStats {
+        BackendStats {
+            kv_cache_hits: self.hits,
+            kv_cache_misses: self.misses,
+            kv_cache_reused_tokens: self.reused_tokens,
+            kv_cache_evictions: self.evictions,
+            kv_cache_bytes: self.bytes,
+            ..counted
+        }
+    }
+}
+
+/// Adds one call's tokens to a backend's counts; with the cache `on`, a call that reused
+/// prompt tokens counts as a hit, one that reused none as a miss.
+pub fn count(stats: &mut BackendStats, on: bool, prompt: u32, cached: u32, generated: usize) {
+    stats.prompt_tokens += u64::from(prompt);
+    stats.generated_tokens += generated as u64;
+    stats.kv_cache_reused_tokens += u64::from(cached);
+    stats.kv_cache_hits += u64::from(on && cached > 0);
+    stats.kv_cache_misses += u64::from(on && cached == 0);
 }
 
 type NodeId = usize;
@@ -167,6 +199,12 @@ impl<S: Segment> PrefixCache<S> {
             }
         }
         state.map(|state| (state, matched))
+    }
+
+    /// The length [`PrefixCache::lookup`] would match, read-only.
+    pub fn peek(&self, tokens: &[u32]) -> usize {
+        let wanted = &tokens[..tokens.len().saturating_sub(1)];
+        self.walk(wanted).iter().map(|&(_, take)| take).sum()
     }
 
     /// Stores `state` (whose length must equal `tokens.len()`) under `tokens`, keeping only the
@@ -392,6 +430,10 @@ impl<S: Segment> PrefixStore<S> for PrefixCache<S> {
 
     fn store(&mut self, tokens: &[u32], state: S) {
         PrefixCache::store(self, tokens, state)
+    }
+
+    fn peek(&self, tokens: &[u32]) -> usize {
+        PrefixCache::peek(self, tokens)
     }
 }
 

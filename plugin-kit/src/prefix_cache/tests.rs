@@ -66,9 +66,15 @@ fn decode(state: &Trace) -> Vec<u32> {
         .collect()
 }
 
-/// Looks `tokens` up and checks the state covers exactly the reported match of `tokens`.
+/// Looks `tokens` up and checks the state covers exactly the reported match of `tokens`, which
+/// a peek foretold.
 fn matched(cache: &mut PrefixCache, tokens: &[u32]) -> usize {
+    let peeked = cache.peek(tokens);
+    let before = cache.stats();
+    assert_eq!(cache.peek(tokens), peeked);
+    assert_eq!(cache.stats(), before, "a peek counts nothing");
     let found = cache.lookup(tokens, 0);
+    assert_eq!(found.as_ref().map_or(0, |(_, n)| *n), peeked);
     check(cache);
     match found {
         None => 0,

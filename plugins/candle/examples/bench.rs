@@ -1,7 +1,9 @@
 //! Prefill and decode speed of our backend per weight format and thread count, on SmolLM2 and
 //! Gemma 3 270M, next to candle-transformers' quantized model of the same file and, when `.venv`
 //! has llama-cpp-python (`scripts/setup-llama-cpp`), llama.cpp (`scripts/llama-cpp-speed.py`)
-//! fed the same token ids. Every row is measured once, all rows of a table in the same minutes,
+//! fed the same token ids, and for SmolLM2 the onnx backend on its ONNX export (`onnx_speed`,
+//! when `scripts/setup-onnx` has run and the example is built beside this one) in f32.
+//! Every row is measured once, all rows of a table in the same minutes,
 //! so a busy machine slows them alike. Prints figures; asserts nothing. candle-transformers
 //! 0.11.1's `quantized_gemma3` fails any multi-token pass after position 0 (its mask joins f32
 //! to u32), so its chunked prefills show `-` with the error noted under the table.
@@ -41,6 +43,8 @@ struct Model {
     name: &'static str,
     file: &'static str,
     reference: &'static str,
+    /// Its ONNX export under models/, for the onnx backend's row.
+    onnx: Option<&'static str>,
 }
 
 const MODELS: [Model; 2] = [
@@ -48,11 +52,13 @@ const MODELS: [Model; 2] = [
         name: "smollm2",
         file: "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         reference: "quantized_llama",
+        onnx: Some("smollm2-onnx"),
     },
     Model {
         name: "gemma3",
         file: "gemma3-270m/gemma-3-270m-q4_k_m.gguf",
         reference: "quantized_gemma3",
+        onnx: None,
     },
 ];
 
@@ -232,14 +238,15 @@ fn have_llama_cpp() -> bool {
         .is_ok_and(|out| out.status.success())
 }
 
-fn llama_cpp(path: &Path, ids: &[u32], setup: &Setup) -> anyhow::Result<Figures> {
-    fn list<T: ToString>(xs: &[T]) -> String {
-        let xs: Vec<String> = xs.iter().map(T::to_string).collect();
-        xs.join(",")
-    }
-    let out = Command::new(python())
-        .arg(root().join("scripts/llama-cpp-speed.py"))
-        .arg(path)
+fn list<T: ToString>(xs: &[T]) -> String {
+    let xs: Vec<String> = xs.iter().map(T::to_string).collect();
+    xs.join(",")
+}
+
+/// Runs a speed script or program that takes the bench's arguments and prints its figures.
+fn external(mut command: Command, ids: &[u32], setup: &Setup) -> anyhow::Result<Figures> {
+    let name = command.get_program().to_string_lossy().into_owned();
+    let out = command
         .args(["--ids", &list(&ids[..setup.prefill])])
         .args(["--threads", &setup.threads.to_string()])
         .args(["--prefill", &setup.prefill.to_string()])
@@ -248,11 +255,7 @@ fn llama_cpp(path: &Path, ids: &[u32], setup: &Setup) -> anyhow::Result<Figures>
         .output()?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     let why = stderr.lines().last().unwrap_or_default();
-    anyhow::ensure!(
-        out.status.success(),
-        "llama-cpp-speed.py: {}: {why}",
-        out.status
-    );
+    anyhow::ensure!(out.status.success(), "{name}: {}: {why}", out.status);
     let figures: Value = serde_json::from_slice(&out.stdout)?;
     let prefill = figures["prefill"]
         .as_array()
@@ -261,6 +264,21 @@ fn llama_cpp(path: &Path, ids: &[u32], setup: &Setup) -> anyhow::Result<Figures>
         prefill: prefill.iter().map(Value::as_f64).collect(),
         decode: figures["decode"].as_f64(),
     })
+}
+
+/// The onnx backend's speed program on `export`, when both are there: the example built beside
+/// this one, the export and the ONNX Runtime library `scripts/setup-onnx` installs.
+fn onnx_speed(export: &str) -> Option<Command> {
+    let program = std::env::current_exe().ok()?.with_file_name("onnx_speed");
+    let export = root().join("models").join(export);
+    let library = root().join("models/onnxruntime/libonnxruntime.so.1.32.0");
+    if !(program.is_file() && export.is_dir() && library.is_file()) {
+        println!("onnx skipped: needs scripts/setup-onnx and `cargo build --release --workspace --all-targets`");
+        return None;
+    }
+    let mut command = Command::new(program);
+    command.arg(export).arg("--library").arg(library);
+    Some(command)
 }
 
 /// `x` as tok/s, then its ratio to each base row.
@@ -326,12 +344,23 @@ fn bench_model(model: &Model, setup: &Setup, llama: bool) -> anyhow::Result<()> 
     let mut rows = Vec::new();
     let mut bases = Vec::new();
     if llama {
-        let figures = llama_cpp(&path, &ids, setup).unwrap_or_else(|e| {
+        let mut command = Command::new(python());
+        command
+            .arg(root().join("scripts/llama-cpp-speed.py"))
+            .arg(&path);
+        let figures = external(command, &ids, setup).unwrap_or_else(|e| {
             notes.push(format!("llama.cpp: {}", first_line(&e)));
             Figures::none(setup)
         });
         rows.push(("llama.cpp".to_string(), figures));
         bases.push("llama.cpp");
+    }
+    if let Some(command) = model.onnx.and_then(onnx_speed) {
+        let figures = external(command, &ids, setup).unwrap_or_else(|e| {
+            notes.push(format!("onnx: {}", first_line(&e)));
+            Figures::none(setup)
+        });
+        rows.push(("onnx (f32)".to_string(), figures));
     }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(setup.threads)

@@ -30,6 +30,7 @@ use crate::audio_backend::{AudioBackend, SpeechModel};
 use crate::engine::Engine;
 use crate::options::Settings;
 use crate::text_model::TextModel;
+use lmhost_plugin_kit::prefix_cache;
 
 pub struct Candle {
     model_id: String,
@@ -212,11 +213,7 @@ impl Candle {
             Model::Speech(_) => false,
         };
         if let Ok(mut stats) = self.counted.lock() {
-            stats.prompt_tokens += u64::from(prompt);
-            stats.generated_tokens += generated as u64;
-            stats.kv_cache_reused_tokens += u64::from(cached);
-            stats.kv_cache_hits += u64::from(on && cached > 0);
-            stats.kv_cache_misses += u64::from(on && cached == 0);
+            prefix_cache::count(&mut stats, on, prompt, cached, generated);
         }
     }
 }

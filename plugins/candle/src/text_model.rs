@@ -107,14 +107,7 @@ impl TextModel {
             .ok()
             .and_then(|c| c.store.as_ref().map(PrefixCache::stats))
         {
-            Some(cached) => BackendStats {
-                kv_cache_hits: cached.hits,
-                kv_cache_misses: cached.misses,
-                kv_cache_reused_tokens: cached.reused_tokens,
-                kv_cache_evictions: cached.evictions,
-                kv_cache_bytes: cached.bytes,
-                ..counted
-            },
+            Some(cached) => cached.over(counted),
             None => counted,
         }
     }

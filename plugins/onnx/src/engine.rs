@@ -5,13 +5,13 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use lmhost_plugin_api::{
     ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord,
 };
 use lmhost_plugin_kit::hf::HfText;
-use lmhost_plugin_kit::prefix_cache::{PrefixStore, Segment};
+use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore, Segment};
 use lmhost_plugin_kit::text::{logprob_of, Scoring, TextFrontEnd};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Tensor, TensorRef};
@@ -22,8 +22,15 @@ use crate::past::{Layer, Past};
 use crate::runtime;
 use crate::signature::Signature;
 
-/// Positions per forward pass: bounds the logits (positions × vocabulary f32) a pass returns.
+/// Rows per forward pass (padded, over the batch): bounds the logits (rows × vocabulary f32)
+/// a pass returns.
 const CHUNK: usize = 256;
+
+/// Most sequences in one batched pass.
+const MAX_LANES: usize = 8;
+
+/// Most padded past + new positions over a batch: bounds the KV copies a batched pass makes.
+const BATCH_POSITIONS: usize = 4096;
 
 /// A model directory in Optimum's layout.
 struct Files {
@@ -77,6 +84,31 @@ fn internal(e: impl std::fmt::Display) -> PluginError {
 /// Logits rows of a pass, from its row `from` on.
 type Rows = Vec<Vec<f32>>;
 
+/// One sequence of a batched pass: its past, the ids to run after it, and the first of their
+/// rows whose logits it wants.
+struct Lane<'a> {
+    past: Past,
+    ids: &'a [u32],
+    from: usize,
+}
+
+/// Which of a layer's two past buffers.
+#[derive(Clone, Copy)]
+enum Buffer {
+    Keys,
+    Values,
+}
+
+impl Buffer {
+    fn of(self, layers: &[Layer], layer: usize) -> &[f32] {
+        let held = &layers[layer];
+        match self {
+            Buffer::Keys => &held.keys,
+            Buffer::Values => &held.values,
+        }
+    }
+}
+
 impl Engine {
     pub fn load(model_id: &str, settings: &Settings) -> Result<Engine, PluginError> {
         let at = |e: String| PluginError::unavailable(format!("model {model_id}: {e}"));
@@ -118,36 +150,67 @@ impl Engine {
 
     /// Runs `ids` after `past` in one pass: the logits of rows `from..` and the state over
     /// `past` and `ids`.
-    fn pass(&self, ids: &[u32], past: &Past, from: usize) -> Result<(Rows, Past), PluginError> {
-        let s = &self.signature;
-        let (n, p) = (ids.len(), past.len);
-        let total = p + n;
-        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = Vec::new();
-        let mut add = |name: String, value: SessionInputValue<'static>| {
-            inputs.push((Cow::Owned(name), value));
+    pub fn pass(&self, ids: &[u32], past: &Past, from: usize) -> Result<(Rows, Past), PluginError> {
+        let lane = Lane {
+            past: past.clone(),
+            ids,
+            from,
         };
-        let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
-        add("input_ids".into(), tensor([1, n], ids)?);
-        add(
-            "attention_mask".into(),
-            tensor([1, total], vec![1i64; total])?,
-        );
+        self.batch(&[lane])?
+            .pop()
+            .ok_or_else(|| internal("no output for the pass"))
+    }
+
+    /// Runs several sequences in one pass along the batch axis, each after its own past: pasts
+    /// are left-padded and ids right-padded to common lengths, and the attention mask hides the
+    /// padding (positions follow each sequence's own past). Per lane: the logits of rows
+    /// `from..` of its ids and its state over its past and ids.
+    fn batch(&self, lanes: &[Lane<'_>]) -> Result<Vec<(Rows, Past)>, PluginError> {
+        let s = &self.signature;
+        let b = lanes.len();
+        let p = lanes.iter().map(|l| l.past.len).max().unwrap_or(0);
+        let n = lanes.iter().map(|l| l.ids.len()).max().unwrap_or(0);
+        let total = p + n;
+        let mut ids = Vec::with_capacity(b * n);
+        let mut mask = Vec::with_capacity(b * total);
+        let mut positions = Vec::with_capacity(b * n);
+        for lane in lanes {
+            let (lp, ln) = (lane.past.len, lane.ids.len());
+            let pad = lane.ids.last().copied().unwrap_or_default();
+            ids.extend(
+                lane.ids
+                    .iter()
+                    .chain(std::iter::repeat_n(&pad, n - ln))
+                    .map(|&i| i64::from(i)),
+            );
+            mask.extend((0..total).map(|k| i64::from((p - lp..p + ln).contains(&k))));
+            positions.extend((0..n).map(|i| (lp + i) as i64));
+        }
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = vec![
+            ("input_ids".into(), tensor([b, n], ids)?),
+            ("attention_mask".into(), tensor([b, total], mask)?),
+        ];
         if s.position_ids {
-            let positions = (p as i64..total as i64).collect();
-            add("position_ids".into(), tensor([1, n], positions)?);
+            inputs.push(("position_ids".into(), tensor([b, n], positions)?));
         }
         if s.use_cache_branch {
-            add("use_cache_branch".into(), tensor([1], vec![p > 0])?);
+            inputs.push(("use_cache_branch".into(), tensor([1], vec![p > 0])?));
         }
-        let shape = [1, s.kv_heads, p, s.head_dim];
-        for (layer, held) in past.layers.iter().enumerate() {
-            for (kind, data) in [("key", &held.keys), ("value", &held.values)] {
-                let view =
-                    TensorRef::from_array_view((shape, data.as_slice())).map_err(internal)?;
-                inputs.push((
-                    Cow::Owned(format!("past_key_values.{layer}.{kind}")),
-                    view.into(),
-                ));
+        let shape = [b, s.kv_heads, p, s.head_dim];
+        for layer in 0..s.layers {
+            for (kind, buffer) in [("key", Buffer::Keys), ("value", Buffer::Values)] {
+                let name = Cow::Owned(format!("past_key_values.{layer}.{kind}"));
+                let value = match lanes {
+                    // One sequence: its own buffer, no copy.
+                    [lane] => {
+                        let data = buffer.of(&lane.past.layers, layer);
+                        TensorRef::from_array_view((shape, data))
+                            .map_err(internal)?
+                            .into()
+                    }
+                    _ => tensor(shape, self.padded_past(lanes, buffer, layer, p))?,
+                };
+                inputs.push((name, value));
             }
         }
         let mut session = self
@@ -159,39 +222,80 @@ impl Engine {
             .try_extract_tensor::<f32>()
             .map_err(internal)?;
         let vocab = usize::try_from(shape[2]).map_err(internal)?;
-        let rows = logits[from * vocab..n * vocab]
-            .chunks(vocab)
-            .map(<[f32]>::to_vec)
-            .collect();
-        let present = |name: String| -> Result<Vec<f32>, PluginError> {
-            let (_, data) = outputs[name.as_str()]
-                .try_extract_tensor::<f32>()
-                .map_err(internal)?;
-            if data.len() != s.kv_heads * total * s.head_dim {
-                return Err(internal(format!(
-                    "`{name}` holds {} values, expected {}",
-                    data.len(),
-                    s.kv_heads * total * s.head_dim
-                )));
+        let expect = |name: &str, data: &[f32], len: usize| {
+            if data.len() == len {
+                Ok(())
+            } else {
+                Err(internal(format!(
+                    "`{name}` holds {} values, expected {len}",
+                    data.len()
+                )))
             }
-            Ok(data.to_vec())
         };
-        let layers = (0..s.layers)
-            .map(|n| {
-                Ok(Layer {
-                    keys: present(format!("present.{n}.key"))?,
-                    values: present(format!("present.{n}.value"))?,
-                })
+        expect("logits", logits, b * n * vocab)?;
+        let mut presents = Vec::with_capacity(2 * s.layers);
+        for layer in 0..s.layers {
+            for kind in ["key", "value"] {
+                let name = format!("present.{layer}.{kind}");
+                let (_, data) = outputs[name.as_str()]
+                    .try_extract_tensor::<f32>()
+                    .map_err(internal)?;
+                expect(&name, data, b * s.kv_heads * total * s.head_dim)?;
+                presents.push(data);
+            }
+        }
+        let per_head = total * s.head_dim;
+        Ok(lanes
+            .iter()
+            .enumerate()
+            .map(|(i, lane)| {
+                let (lp, ln) = (lane.past.len, lane.ids.len());
+                let rows = (lane.from..ln)
+                    .map(|r| logits[(i * n + r) * vocab..(i * n + r + 1) * vocab].to_vec())
+                    .collect();
+                // This lane's positions: slots p - lp .. p + ln of each of its heads.
+                let own = |data: &[f32]| -> Vec<f32> {
+                    (0..s.kv_heads)
+                        .flat_map(|h| {
+                            let start = (i * s.kv_heads + h) * per_head + (p - lp) * s.head_dim;
+                            data[start..start + (lp + ln) * s.head_dim].iter().copied()
+                        })
+                        .collect()
+                };
+                let layers = presents
+                    .chunks(2)
+                    .map(|kv| Layer {
+                        keys: own(kv[0]),
+                        values: own(kv[1]),
+                    })
+                    .collect();
+                let state = Past {
+                    heads: s.kv_heads,
+                    dim: s.head_dim,
+                    len: lp + ln,
+                    layers: Arc::new(layers),
+                };
+                (rows, state)
             })
-            .collect::<Result<Vec<_>, PluginError>>()?;
-        Ok((
-            rows,
-            Past {
-                len: total,
-                layers: std::sync::Arc::new(layers),
-                ..*past
-            },
-        ))
+            .collect())
+    }
+
+    /// One past input of a batch: each lane's positions at the end of its rows, zeros before.
+    fn padded_past(&self, lanes: &[Lane<'_>], buffer: Buffer, layer: usize, p: usize) -> Vec<f32> {
+        let (heads, dim) = (self.signature.kv_heads, self.signature.head_dim);
+        let mut out = vec![0.0; lanes.len() * heads * p * dim];
+        for (i, lane) in lanes.iter().enumerate() {
+            let lp = lane.past.len;
+            if lp == 0 {
+                continue;
+            }
+            let data = buffer.of(&lane.past.layers, layer);
+            for h in 0..heads {
+                let to = ((i * heads + h) * p + (p - lp)) * dim;
+                out[to..to + lp * dim].copy_from_slice(&data[h * lp * dim..(h + 1) * lp * dim]);
+            }
+        }
+        out
     }
 
     /// Runs `ids` after `past` in chunks of [`CHUNK`]: the logits of rows `from..` of `ids`.
@@ -229,12 +333,7 @@ impl Engine {
             .and_then(|s| s.lookup(&tokens[..prompt_len], 0))
             .unwrap_or_else(|| (self.new_state(), 0));
         let (rows, past) = self.run(&tokens[at..], past, prompt_len - 1 - at)?;
-        if let Some(store) = store.as_deref_mut() {
-            let head = prompt_len - 1;
-            if let Some(state) = past.prefix(head).filter(|_| head > 0) {
-                store.store(&tokens[..head], state);
-            }
-        }
+        self.store_prompt(tokens, prompt_len, &past, store);
         Ok((rows, past, at))
     }
 
@@ -264,45 +363,142 @@ impl Engine {
         })
     }
 
-    /// Teacher-forced log-probabilities of `reply` after each prompt, one prompt at a time,
-    /// each from its longest cached prefix.
+    /// Teacher-forced log-probabilities of `reply` after each prompt, each from its longest
+    /// cached prefix. Prompts that share nothing the cache lacks run together along the batch
+    /// axis (see [`Engine::group`]); a long one runs alone, in chunks.
     pub fn score_batch(
         &self,
         snapshots: &[ConversationSnapshot],
         reply: &str,
         mut store: Option<&mut dyn PrefixStore<Past>>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let items = self.front.scoring_items(snapshots, reply)?;
-        items
+        let items: Vec<Item> = self
+            .front
+            .scoring_items(snapshots, reply)?
             .into_iter()
-            .map(
-                |Scoring {
-                     prompt,
-                     reply: scored,
-                 }| {
-                    let prompt_len = prompt.len();
-                    let (logprobs, reused) = if scored.is_empty() {
-                        (Vec::new(), 0)
-                    } else {
-                        let mut tokens = prompt;
-                        tokens.extend_from_slice(&scored[..scored.len() - 1]);
-                        let (rows, _, reused) = self.prompt(&tokens, prompt_len, &mut store)?;
-                        let logprobs = rows
-                            .iter()
-                            .zip(&scored)
-                            .map(|(row, &id)| logprob_of(row, id))
-                            .collect();
-                        (logprobs, reused)
-                    };
-                    Ok(ScoreRecord {
-                        token_ids: scored.into(),
-                        logprobs: logprobs.into(),
-                        prompt_tokens: prompt_len as u32,
-                        cached_prompt_tokens: reused as u32,
+            .map(Item::new)
+            .collect();
+        if items.iter().all(|item| item.scored.is_empty()) {
+            return Ok(items.iter().map(|item| item.record(&[], 0)).collect());
+        }
+        let mut records = Vec::with_capacity(items.len());
+        let mut first = 0;
+        while first < items.len() {
+            let end = first + self.group(&items[first..], store.as_deref());
+            let group = &items[first..end];
+            if let [item] = group {
+                let (rows, _, reused) = self.prompt(&item.tokens, item.prompt_len, &mut store)?;
+                records.push(item.record(&rows, reused));
+            } else {
+                let starts: Vec<(Past, usize)> = group
+                    .iter()
+                    .map(|item| {
+                        store
+                            .as_deref_mut()
+                            .and_then(|s| s.lookup(&item.tokens[..item.prompt_len], 0))
+                            .unwrap_or_else(|| (self.new_state(), 0))
                     })
-                },
-            )
-            .collect()
+                    .collect();
+                let lanes: Vec<Lane<'_>> = group
+                    .iter()
+                    .zip(&starts)
+                    .map(|(item, (past, at))| Lane {
+                        past: past.clone(),
+                        ids: &item.tokens[*at..],
+                        from: item.prompt_len - 1 - at,
+                    })
+                    .collect();
+                for ((item, (rows, state)), (_, at)) in
+                    group.iter().zip(self.batch(&lanes)?).zip(&starts)
+                {
+                    self.store_prompt(&item.tokens, item.prompt_len, &state, &mut store);
+                    records.push(item.record(&rows, *at));
+                }
+            }
+            first = end;
+        }
+        Ok(records)
+    }
+
+    /// How many of `items` (at least one) to run as one batch: they stop at [`MAX_LANES`], at
+    /// [`CHUNK`] padded rows or [`BATCH_POSITIONS`] padded positions, and before a prompt that
+    /// shares more with one already in the batch than the cache holds for it (run after it,
+    /// it reuses that prefix from the cache, as one at a time would).
+    fn group(&self, items: &[Item], store: Option<&dyn PrefixStore<Past>>) -> usize {
+        if !self.signature.batch {
+            return 1;
+        }
+        let cached = |item: &Item| store.map_or(0, |s| s.peek(&item.tokens[..item.prompt_len]));
+        let (mut past, mut rows) = (0, 0);
+        for (j, item) in items.iter().enumerate().take(MAX_LANES) {
+            let at = cached(item);
+            let (p, n) = (past.max(at), rows.max(item.tokens.len() - at));
+            let lanes = j + 1;
+            let shares = items[..j]
+                .iter()
+                .map(|earlier| {
+                    common_prefix(&earlier.tokens, &item.tokens).min(item.prompt_len - 1)
+                })
+                .max()
+                .unwrap_or(0);
+            let too_big = lanes * n > CHUNK || lanes * (p + n) > BATCH_POSITIONS;
+            if j > 0 && (too_big || (store.is_some() && shares > at)) {
+                return j;
+            }
+            (past, rows) = (p, n);
+        }
+        items.len().min(MAX_LANES)
+    }
+
+    /// Stores the all-but-last positions of a prompt of `prompt_len` tokens from `state`.
+    fn store_prompt(
+        &self,
+        tokens: &[u32],
+        prompt_len: usize,
+        state: &Past,
+        store: &mut Option<&mut dyn PrefixStore<Past>>,
+    ) {
+        let head = prompt_len - 1;
+        if let Some(store) = store.as_deref_mut().filter(|_| head > 0) {
+            if let Some(prefix) = state.prefix(head) {
+                store.store(&tokens[..head], prefix);
+            }
+        }
+    }
+}
+
+/// A prompt and the reply scored after it: all reply ids but the last are run.
+struct Item {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    scored: Vec<u32>,
+}
+
+impl Item {
+    fn new(Scoring { prompt, reply }: Scoring) -> Item {
+        let prompt_len = prompt.len();
+        let mut tokens = prompt;
+        tokens.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
+        Item {
+            tokens,
+            prompt_len,
+            scored: reply,
+        }
+    }
+
+    /// The record from the logits rows from the prompt's last position on.
+    fn record(&self, rows: &[Vec<f32>], reused: usize) -> ScoreRecord {
+        let logprobs: Vec<f32> = rows
+            .iter()
+            .zip(&self.scored)
+            .map(|(row, &id)| logprob_of(row, id))
+            .collect();
+        ScoreRecord {
+            token_ids: self.scored.clone().into(),
+            logprobs: logprobs.into(),
+            prompt_tokens: self.prompt_len as u32,
+            cached_prompt_tokens: reused as u32,
+        }
     }
 }
 

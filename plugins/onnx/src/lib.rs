@@ -19,7 +19,7 @@ use lmhost_plugin_api::{
     GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
     TokenizeRecord,
 };
-use lmhost_plugin_kit::prefix_cache::{PrefixCache, PrefixStore};
+use lmhost_plugin_kit::prefix_cache::{self, PrefixCache, PrefixStore};
 
 use crate::engine::Engine;
 use crate::options::Settings;
@@ -156,14 +156,7 @@ impl Backend for Onnx {
             .as_ref()
             .map(PrefixCache::stats)
         {
-            Some(cached) => BackendStats {
-                kv_cache_hits: cached.hits,
-                kv_cache_misses: cached.misses,
-                kv_cache_reused_tokens: cached.reused_tokens,
-                kv_cache_evictions: cached.evictions,
-                kv_cache_bytes: cached.bytes,
-                ..counted
-            },
+            Some(cached) => cached.over(counted),
             None => counted,
         }
     }
@@ -205,12 +198,13 @@ impl Onnx {
 
     fn count(&self, prompt: u32, cached: u32, generated: usize) {
         let on = lock(&self.cache, reset_cache).is_some();
-        let mut stats = lock(&self.counted, |_| {});
-        stats.prompt_tokens += u64::from(prompt);
-        stats.generated_tokens += generated as u64;
-        stats.kv_cache_reused_tokens += u64::from(cached);
-        stats.kv_cache_hits += u64::from(on && cached > 0);
-        stats.kv_cache_misses += u64::from(on && cached == 0);
+        prefix_cache::count(
+            &mut lock(&self.counted, |_| {}),
+            on,
+            prompt,
+            cached,
+            generated,
+        );
     }
 }
 

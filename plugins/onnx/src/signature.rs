@@ -17,8 +17,8 @@ pub struct Signature {
     pub position_ids: bool,
     /// A merged decoder's switch between its with-past and without-past branches.
     pub use_cache_branch: bool,
-    /// The vocabulary size (the logits' last dimension).
-    pub vocab: Option<usize>,
+    /// `input_ids`' batch axis is free: several sequences can share a pass.
+    pub batch: bool,
 }
 
 fn tensor(outlet: &Outlet) -> Option<(TensorElementType, &[i64])> {
@@ -40,6 +40,9 @@ impl Signature {
         let input = |name: &str| session.inputs().iter().find(|o| o.name() == name);
         let output = |name: &str| session.outputs().iter().find(|o| o.name() == name);
         let mut missing = Vec::new();
+        let batch = input("input_ids")
+            .and_then(tensor)
+            .is_some_and(|(_, shape)| shape.first().is_some_and(|&d| d != 1));
         for name in ["input_ids", "attention_mask"] {
             match input(name).and_then(tensor) {
                 Some((TensorElementType::Int64, _)) => {}
@@ -110,7 +113,7 @@ impl Signature {
             head_dim,
             position_ids: input("position_ids").is_some(),
             use_cache_branch: input("use_cache_branch").is_some(),
-            vocab: logits.and_then(|(_, shape)| shape.last().copied().and_then(fixed)),
+            batch,
         })
     }
 }

@@ -132,8 +132,9 @@ fn sampling_is_seeded() {
     assert!(a.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
 }
 
-/// Prompts sharing prefixes score the same with the prefix cache on and off, and the cache is
-/// used (a backend of its own: the cache is per backend).
+/// Prompts sharing prefixes score the same one at a time, batched (cache off: one pass along
+/// the batch axis, padded) and with the prefix cache on, and the cache is used (a backend of
+/// its own: the cache is per backend).
 #[test]
 fn the_prefix_cache_reuses_positions_without_changing_logprobs() {
     let backend = open_onnx(&export_dir()).unwrap();
@@ -148,7 +149,17 @@ fn the_prefix_cache_reuses_positions_without_changing_logprobs() {
     .map(|m| chat(m))
     .collect();
     let reply = "At 9 am.";
+    let alone: Vec<_> = prompts
+        .iter()
+        .map(|p| backend.score(p, reply).unwrap())
+        .collect();
     let off = backend.score_batch(&prompts, reply).unwrap();
+    for (a, b) in alone.iter().zip(&off) {
+        assert_eq!(a.token_ids, b.token_ids);
+        for (x, y) in a.logprobs.iter().zip(b.logprobs.iter()) {
+            assert!((x - y).abs() < 1e-5, "alone {x} vs batched {y}");
+        }
+    }
     backend
         .set_kv_cache(KvCacheSettings {
             enabled: true,
