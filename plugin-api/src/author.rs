@@ -3,6 +3,7 @@
 //! comes back as an `Internal` error and never crosses the FFI boundary.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
@@ -108,6 +109,21 @@ pub fn guard<T>(
             "plugin `{plugin}` panicked: {}",
             panic_message(payload.as_ref())
         ))),
+    }
+}
+
+/// Locks `mutex`. If a panic poisoned it (a call that [`guard`] caught died holding it),
+/// `reset` first puts what it guards back into a safe state (empty a cache, unload a model), so
+/// one panic never disables a backend.
+pub fn lock_or_reset<T>(mutex: &Mutex<T>, reset: impl FnOnce(&mut T)) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => {
+            let mut guard = poisoned.into_inner();
+            reset(&mut guard);
+            mutex.clear_poison();
+            guard
+        }
     }
 }
 

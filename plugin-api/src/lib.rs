@@ -16,7 +16,7 @@ pub use abi::{
     BackendBox, GenerationBackend, GenerationBackend_TO, LogLevel, Logger, PluginContext,
     PluginMod, PluginModRef, API_VERSION,
 };
-pub use author::Backend;
+pub use author::{lock_or_reset, Backend};
 pub use error::{ErrorKind, PluginError};
 pub use options::{validate_options, OptionKind, OptionSpec};
 pub use types::*;

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use candle_core::{DType, Tensor};
 use lmhost_plugin_api::abi_stable::std_types::{ROption, RString, RVec};
 use lmhost_plugin_api::{
-    Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord, OptionKind, OptionSpec,
-    Part, PluginError, ScoreRecord,
+    lock_or_reset, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
+    OptionKind, OptionSpec, Part, PluginError, ScoreRecord,
 };
 use serde_json::{json, Map, Value};
 
@@ -68,7 +68,9 @@ impl SpeechModel {
         &self,
         f: impl FnOnce(&mut AudioBackend) -> Result<T, PluginError>,
     ) -> Result<T, PluginError> {
-        let mut slot = self.backend.lock().map_err(crate::poisoned)?;
+        // A call that panicked may have left the model's encoder cache half-updated: it is
+        // dropped and the model loads afresh.
+        let mut slot = lock_or_reset(&self.backend, |slot| *slot = None);
         let backend = match &mut *slot {
             Some(backend) => backend,
             empty => empty.insert(AudioBackend::load(

@@ -21,9 +21,9 @@ pub mod weights;
 use std::sync::{Arc, Mutex};
 
 use lmhost_plugin_api::{
-    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
-    TokenizeRecord,
+    export_plugin, lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot,
+    GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
+    ScoreRecord, TokenizeRecord,
 };
 
 use crate::audio_backend::{AudioBackend, SpeechModel};
@@ -173,7 +173,7 @@ impl Backend for Candle {
     /// Also starts the token counts afresh. Audio prompts are not token prefixes: a speech
     /// model has no cache to set.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
-        *self.counted.lock().map_err(poisoned)? = BackendStats::default();
+        *lock_or_reset(&self.counted, |_| {}) = BackendStats::default();
         match &self.model {
             Model::Text(text) => text.set_kv_cache(settings),
             Model::Speech(_) => Ok(()),
@@ -181,7 +181,7 @@ impl Backend for Candle {
     }
 
     fn stats(&self) -> BackendStats {
-        let counted = self.counted.lock().map(|c| *c).unwrap_or_default();
+        let counted = *lock_or_reset(&self.counted, |_| {});
         match &self.model {
             Model::Text(text) => text.stats(counted),
             Model::Speech(_) => counted,
@@ -212,14 +212,14 @@ impl Candle {
             Model::Text(text) => text.caching(),
             Model::Speech(_) => false,
         };
-        if let Ok(mut stats) = self.counted.lock() {
-            prefix_cache::count(&mut stats, on, prompt, cached, generated);
-        }
+        prefix_cache::count(
+            &mut lock_or_reset(&self.counted, |_| {}),
+            on,
+            prompt,
+            cached,
+            generated,
+        );
     }
-}
-
-pub(crate) fn poisoned<T>(_: T) -> PluginError {
-    PluginError::internal("candle backend lock poisoned by an earlier panic")
 }
 
 export_plugin!(Candle);

@@ -5,19 +5,19 @@
 //! with its own KV state; the prefix cache is the one piece of shared mutable state, behind its
 //! own lock.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::DType;
 use lmhost_plugin_api::{
-    BackendStats, ConversationSnapshot, GenerationConfig, GenerationRecord, KvCacheSettings,
-    Logger, PluginError, ScoreRecord, TokenizeRecord,
+    lock_or_reset, BackendStats, ConversationSnapshot, GenerationConfig, GenerationRecord,
+    KvCacheSettings, Logger, PluginError, ScoreRecord, TokenizeRecord,
 };
 
 use crate::engine::Engine;
 use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
-use crate::{attention, poisoned, source};
+use crate::{attention, source};
 use lmhost_plugin_kit::prefix_cache::{PrefixCache, PrefixStore};
 
 pub struct TextModel {
@@ -83,7 +83,7 @@ impl TextModel {
     }
 
     pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
-        let mut cache = self.cache.lock().map_err(poisoned)?;
+        let mut cache = self.cache();
         cache.store = settings.enabled.then(|| {
             let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
             PrefixCache::new(max_entries, settings.max_bytes)
@@ -96,17 +96,13 @@ impl TextModel {
 
     /// Whether the prefix cache is on.
     pub fn caching(&self) -> bool {
-        self.cache.lock().is_ok_and(|c| c.store.is_some())
+        self.cache().store.is_some()
     }
 
     /// `counted` with the prefix cache's own counters over it, when the cache is on (a test
     /// can hold them against the records).
     pub fn stats(&self, counted: BackendStats) -> BackendStats {
-        let cache = self.cache.lock();
-        match cache
-            .ok()
-            .and_then(|c| c.store.as_ref().map(PrefixCache::stats))
-        {
+        match self.cache().store.as_ref().map(PrefixCache::stats) {
             Some(cached) => cached.over(counted),
             None => counted,
         }
@@ -114,7 +110,8 @@ impl TextModel {
 
     /// The engine, loading the model on first use (once: the lock is held while loading).
     pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
-        let mut slot = self.engine.lock().map_err(poisoned)?;
+        // A panic while loading leaves the slot empty: loading again is safe.
+        let mut slot = lock_or_reset(&self.engine, |_| {});
         if let Some(engine) = slot.as_ref() {
             return Ok(engine.clone());
         }
@@ -162,13 +159,23 @@ impl TextModel {
         Ok(())
     }
 
+    /// The cache state. A call that panicked while holding it may have left the prefix cache
+    /// half-updated, so it is emptied then: the backend stays usable.
+    fn cache(&self) -> MutexGuard<'_, CacheState> {
+        lock_or_reset(&self.cache, |cache| {
+            if let Some(store) = cache.store.as_mut() {
+                store.reset();
+            }
+        })
+    }
+
     /// Runs `f` with the prefix store, if one is on. The store lock is held for the call, so
     /// cached calls run one at a time; uncached calls run concurrently.
     fn with_store<T>(
         &self,
         f: impl FnOnce(Option<&mut dyn PrefixStore<KvState>>) -> Result<T, PluginError>,
     ) -> Result<T, PluginError> {
-        let mut cache = self.cache.lock().map_err(poisoned)?;
+        let mut cache = self.cache();
         match cache.store.as_mut() {
             Some(store) => {
                 let store: &mut dyn PrefixStore<KvState> = store;

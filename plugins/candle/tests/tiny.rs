@@ -419,3 +419,54 @@ fn a_packed_pass_matches_each_sequence_run_alone() {
     let b = backend(&path, json!({"weights": "f32"}));
     common::check_packed_pass(b.engine().unwrap().model.as_ref());
 }
+
+/// Eager attention that panics while `PANIC` is set.
+struct Panicky;
+
+static PANIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl lmhost_candle::attention::Attention for Panicky {
+    fn forward(
+        &self,
+        q: &candle_core::Tensor,
+        k: &candle_core::Tensor,
+        v: &candle_core::Tensor,
+        p: &lmhost_candle::attention::AttnParams,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        assert!(
+            !PANIC.load(std::sync::atomic::Ordering::SeqCst),
+            "attention asked to panic"
+        );
+        lmhost_candle::attention::Eager::default().forward(q, k, v, p)
+    }
+}
+
+/// A call that panics while holding the prefix cache's lock (the plugin boundary turns the
+/// panic into an error) leaves the backend serving: the next calls answer as before, with the
+/// cache emptied and used again.
+#[test]
+fn a_panic_holding_the_cache_lock_does_not_disable_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    lmhost_candle::attention::register("panicky", std::sync::Arc::new(Panicky));
+    let b = backend(&path, json!({ "attn_implementation": "panicky" }));
+    b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
+        enabled: true,
+        max_entries: 16,
+        max_bytes: 0,
+    })
+    .unwrap();
+    let before = b.generate(&prompt(), &greedy(4)).unwrap();
+    PANIC.store(true, std::sync::atomic::Ordering::SeqCst);
+    let long = ConversationSnapshot::from_prompt("hello there, tiny model, and more words");
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        b.generate(&long, &greedy(4))
+    }));
+    PANIC.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(panicked.is_err(), "the call panicked inside the cache lock");
+    let after = b.generate(&prompt(), &greedy(4)).unwrap();
+    assert_eq!(after.token_ids, before.token_ids);
+    assert_eq!(after.cached_prompt_tokens, 0, "the cache was emptied");
+    let again = b.generate(&prompt(), &greedy(4)).unwrap();
+    assert!(again.cached_prompt_tokens > 0, "and is used again");
+}

@@ -12,12 +12,12 @@ pub mod past;
 mod runtime;
 pub mod signature;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use lmhost_plugin_api::{
-    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
-    TokenizeRecord,
+    export_plugin, lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot,
+    GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
+    ScoreRecord, TokenizeRecord,
 };
 use lmhost_plugin_kit::prefix_cache::{self, PrefixCache, PrefixStore};
 
@@ -33,20 +33,6 @@ pub struct Onnx {
     /// The prefix cache when `[kv_cache]` turns it on.
     cache: Mutex<Option<PrefixCache<Past>>>,
     counted: Mutex<BackendStats>,
-}
-
-/// A lock whose holder panicked is taken anyway, after `reset` makes its state safe again: a
-/// panic in one call never disables the backend.
-fn lock<T>(mutex: &Mutex<T>, reset: impl FnOnce(&mut T)) -> MutexGuard<'_, T> {
-    match mutex.lock() {
-        Ok(guard) => guard,
-        Err(poisoned) => {
-            let mut guard = poisoned.into_inner();
-            reset(&mut guard);
-            mutex.clear_poison();
-            guard
-        }
-    }
 }
 
 impl Backend for Onnx {
@@ -141,8 +127,8 @@ impl Backend for Onnx {
 
     /// Also starts the token counts afresh.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
-        *lock(&self.counted, |_| {}) = BackendStats::default();
-        *lock(&self.cache, |_| {}) = settings.enabled.then(|| {
+        *lock_or_reset(&self.counted, |_| {}) = BackendStats::default();
+        *lock_or_reset(&self.cache, |_| {}) = settings.enabled.then(|| {
             let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
             PrefixCache::new(max_entries, settings.max_bytes)
         });
@@ -151,8 +137,8 @@ impl Backend for Onnx {
 
     /// The token counts, with the prefix cache's own counters when it is on.
     fn stats(&self) -> BackendStats {
-        let counted = *lock(&self.counted, |_| {});
-        match lock(&self.cache, reset_cache)
+        let counted = *lock_or_reset(&self.counted, |_| {});
+        match lock_or_reset(&self.cache, reset_cache)
             .as_ref()
             .map(PrefixCache::stats)
         {
@@ -172,7 +158,7 @@ fn reset_cache(cache: &mut Option<PrefixCache<Past>>) {
 impl Onnx {
     /// The engine, loading the model on first use.
     pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
-        let mut engine = lock(&self.engine, |_| {});
+        let mut engine = lock_or_reset(&self.engine, |_| {});
         if let Some(engine) = engine.as_ref() {
             return Ok(Arc::clone(engine));
         }
@@ -186,7 +172,7 @@ impl Onnx {
         &self,
         f: impl FnOnce(Option<&mut dyn PrefixStore<Past>>) -> Result<T, PluginError>,
     ) -> Result<T, PluginError> {
-        let mut cache = lock(&self.cache, reset_cache);
+        let mut cache = lock_or_reset(&self.cache, reset_cache);
         match cache.as_mut() {
             Some(store) => f(Some(store)),
             None => {
@@ -197,9 +183,9 @@ impl Onnx {
     }
 
     fn count(&self, prompt: u32, cached: u32, generated: usize) {
-        let on = lock(&self.cache, reset_cache).is_some();
+        let on = lock_or_reset(&self.cache, reset_cache).is_some();
         prefix_cache::count(
-            &mut lock(&self.counted, |_| {}),
+            &mut lock_or_reset(&self.counted, |_| {}),
             on,
             prompt,
             cached,
