@@ -1,10 +1,10 @@
 //! The host's handle on a backend: plugin errors become host errors that name the plugin, and
 //! every request is validated before it crosses the boundary.
 
-use lmhost_plugin_api::abi_stable::std_types::{RSlice, RStr};
+use lmhost_plugin_api::abi_stable::std_types::{RSlice, RStr, RString, RVec};
 use lmhost_plugin_api::{
-    BackendBox, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TokenizeRecord,
+    BackendBox, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
+    GenerationConfig, GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TokenizeRecord,
 };
 
 use crate::error::{Error, Result};
@@ -106,6 +106,16 @@ impl Backend {
             .detokenize(RSlice::from_slice(ids))
             .into_result()
             .map(|text| text.into_string())
+            .map_err(|e| self.wrap(e))
+    }
+
+    /// One vector per text (`Unsupported` from a backend that cannot embed).
+    pub fn embed(&self, texts: &[String]) -> Result<Vec<EmbeddingRecord>> {
+        let texts: Vec<RString> = texts.iter().map(|t| RString::from(t.as_str())).collect();
+        self.inner
+            .embed(RSlice::from_slice(&texts))
+            .into_result()
+            .map(RVec::into_vec)
             .map_err(|e| self.wrap(e))
     }
 

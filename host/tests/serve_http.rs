@@ -242,6 +242,11 @@ fn embeddings_models_props_and_health() {
     assert_eq!(json["data"].as_array().unwrap().len(), 2);
     assert_eq!(json["data"][1]["index"], 1);
     assert_eq!(json["data"][0]["embedding"].as_array().unwrap().len(), 16);
+    assert_ne!(
+        json["data"][0]["embedding"], json["data"][1]["embedding"],
+        "each input is embedded"
+    );
+    assert_eq!(json["usage"]["prompt_tokens"], 4);
     let models = get(&server.url("/v1/models")).json();
     assert_eq!(models["data"][0]["id"], MODEL);
     assert_eq!(models["data"][0]["owned_by"], "lmhost");

@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 use crate::error::PluginError;
 use crate::options::OptionSpec;
 use crate::types::{
-    BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    KvCacheSettings, ScoreRecord, TokenizeRecord,
+    BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
+    GenerationRecord, KvCacheSettings, ScoreRecord, TokenizeRecord,
 };
 
 /// A loaded generation backend. Calls block; the backend serializes use of its model itself, so
@@ -81,6 +81,12 @@ pub trait GenerationBackend: Send + Sync {
     fn detokenize(&self, ids: RSlice<'_, u32>) -> RResult<RString, PluginError> {
         let _ = ids;
         RResult::RErr(PluginError::unsupported("this backend cannot detokenize"))
+    }
+
+    /// One vector per text, computed from the text itself (the backend documents its pooling).
+    fn embed(&self, texts: RSlice<'_, RString>) -> RResult<RVec<EmbeddingRecord>, PluginError> {
+        let _ = texts;
+        RResult::RErr(PluginError::unsupported("this backend cannot embed text"))
     }
 }
 

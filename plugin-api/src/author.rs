@@ -17,8 +17,8 @@ use crate::error::PluginError;
 use crate::identity::{PluginIdentity, RawStr, IDENTITY_MAGIC};
 use crate::options::OptionSpec;
 use crate::types::{
-    BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    KvCacheSettings, ScoreRecord, TokenizeRecord,
+    BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
+    GenerationRecord, KvCacheSettings, ScoreRecord, TokenizeRecord,
 };
 
 /// A generation backend, written with std types. Methods take `&self`: a backend that holds a
@@ -93,6 +93,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn detokenize(&self, _ids: &[u32]) -> Result<String, PluginError> {
         Err(PluginError::unsupported(format!(
             "backend `{}` cannot detokenize",
+            Self::NAME
+        )))
+    }
+
+    /// One vector per text (see [`GenerationBackend::embed`]).
+    fn embed(&self, _texts: &[String]) -> Result<Vec<EmbeddingRecord>, PluginError> {
+        Err(PluginError::unsupported(format!(
+            "backend `{}` cannot embed text",
             Self::NAME
         )))
     }
@@ -205,6 +213,13 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
     fn detokenize(&self, ids: RSlice<'_, u32>) -> RResult<RString, PluginError> {
         guard(B::NAME, || {
             self.0.detokenize(ids.as_slice()).map(RString::from)
+        })
+    }
+
+    fn embed(&self, texts: RSlice<'_, RString>) -> RResult<RVec<EmbeddingRecord>, PluginError> {
+        guard(B::NAME, || {
+            let texts: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
+            self.0.embed(&texts).map(RVec::from)
         })
     }
 }

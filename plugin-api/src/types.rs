@@ -344,6 +344,14 @@ pub struct TokenizeRecord {
     pub pieces: RVec<RString>,
 }
 
+/// What `embed` returns for one text: its vector and how many tokens the model read.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingRecord {
+    pub embedding: RVec<f32>,
+    pub prompt_tokens: u32,
+}
+
 /// Counters since the backend was made (or its cache last reconfigured).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lmhost_plugin_api::GenerationConfig;
+use lmhost_plugin_api::ErrorKind;
 use serde_json::json;
 
 use super::body::JsonBody;
@@ -19,7 +19,6 @@ use super::error::ApiError;
 use super::generate::{chat, completions, queue_error};
 use super::wire::{Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Model, ModelList};
 use super::AppState;
-use crate::ConversationSnapshot;
 
 pub(super) type Shared = State<Arc<AppState>>;
 
@@ -129,22 +128,13 @@ async fn metrics(State(state): Shared) -> Response {
     response
 }
 
-/// Embeds each input as the contextual embedding of a one-token greedy reply: with one
-/// generated token, that is the last hidden state after the whole input (last-token pooling).
+/// Embeds each input through the backend's `embed` (candle: the mean of the model's final
+/// hidden states over the input's tokens); a backend that cannot embed gets a 400 naming it.
 async fn embeddings(
     State(state): Shared,
     JsonBody(request): JsonBody<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingList>, ApiError> {
     check_model(&state, &request.model)?;
-    if !state.backend.capabilities().embeddings {
-        return Err(ApiError::invalid(
-            "model",
-            format!(
-                "backend `{}` has no embeddings; /v1/embeddings needs a backend that computes them",
-                state.backend.plugin()
-            ),
-        ));
-    }
     let inputs = match request.input {
         super::wire::Prompt::One(text) => vec![text],
         super::wire::Prompt::Many(texts) => texts,
@@ -152,38 +142,34 @@ async fn embeddings(
     if inputs.is_empty() {
         return Err(ApiError::invalid("input", "`input` is empty"));
     }
-    let config = GenerationConfig {
-        max_new_tokens: 1,
-        temperature: 0.0,
-        compute_embeddings: true,
-        ..state.defaults.clone()
-    };
     let backend = state.backend.clone();
     let records = state
         .queue
-        .run(move || {
-            inputs
-                .iter()
-                .map(|text| backend.generate(&ConversationSnapshot::from_prompt(text), &config))
-                .collect::<crate::Result<Vec<_>>>()
-        })
+        .run(move || backend.embed(&inputs))
         .await
-        .map_err(|e| queue_error(&state, e))??;
-    let mut data = Vec::new();
-    let mut prompt_tokens = 0;
-    for (index, record) in records.into_iter().enumerate() {
-        prompt_tokens += record.prompt_tokens;
-        let embedding = record
-            .contextual_embedding
-            .into_option()
-            .or(record.embedding.into_option())
-            .ok_or_else(|| ApiError::internal("the backend returned no embedding"))?;
-        data.push(Embedding {
+        .map_err(|e| queue_error(&state, e))?
+        .map_err(|e| match e {
+            crate::Error::Plugin { ref source, .. } if source.kind == ErrorKind::Unsupported => {
+                ApiError::invalid(
+                    "model",
+                    format!(
+                        "backend `{}` cannot embed text; /v1/embeddings needs one that can",
+                        state.backend.plugin()
+                    ),
+                )
+            }
+            e => e.into(),
+        })?;
+    let prompt_tokens = records.iter().map(|r| r.prompt_tokens).sum();
+    let data = records
+        .into_iter()
+        .enumerate()
+        .map(|(index, record)| Embedding {
             object: "embedding",
             index,
-            embedding: embedding.into_vec(),
-        });
-    }
+            embedding: record.embedding.into_vec(),
+        })
+        .collect();
     Ok(Json(EmbeddingList {
         object: "list",
         data,

@@ -354,6 +354,33 @@ impl Engine {
         Ok((stat, mean_rows(&hidden).map_err(internal)?))
     }
 
+    /// `text`'s embedding: the mean of the model's final (normalized) hidden states over the
+    /// text's tokens (BOS as the tokenizer adds it), and how many tokens that was.
+    pub fn embed(&self, text: &str) -> Result<(Vec<f32>, usize), PluginError> {
+        let ids = self.front.encode(text, true)?;
+        if ids.is_empty() {
+            return Err(PluginError::invalid_input(
+                "the text to embed is empty (0 tokens)",
+            ));
+        }
+        if ids.len() > self.front.max_context() {
+            return Err(PluginError::invalid_input(format!(
+                "the text to embed has {} tokens, more than the context of {} tokens",
+                ids.len(),
+                self.front.max_context()
+            )));
+        }
+        let mut kv = self.model.new_state();
+        let out = self
+            .model
+            .forward(&ids, &mut kv, Logits::None, true)
+            .map_err(internal)?;
+        let hidden = out
+            .hidden
+            .ok_or_else(|| PluginError::internal("no hidden states"))?;
+        Ok((mean_rows(&hidden).map_err(internal)?, ids.len()))
+    }
+
     /// Teacher-forced log-probabilities of `reply` after each prompt, the prompts batched into
     /// packed passes. A prompt that cannot be scored (too long) fails the call, naming it.
     pub fn score_batch(

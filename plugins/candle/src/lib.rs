@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 
 use lmhost_plugin_api::{
     export_plugin, lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot,
-    GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
-    ScoreRecord, TokenizeRecord,
+    EmbeddingRecord, GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec,
+    PluginContext, PluginError, ScoreRecord, TokenizeRecord,
 };
 
 use crate::audio_backend::{AudioBackend, SpeechModel};
@@ -168,6 +168,12 @@ impl Backend for Candle {
     fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
         let text = self.text("detokenize")?;
         self.pool.install(|| text.detokenize(ids))
+    }
+
+    /// Mean-pooled final hidden states of each text (text models).
+    fn embed(&self, texts: &[String]) -> Result<Vec<EmbeddingRecord>, PluginError> {
+        let text = self.text("embed")?;
+        self.pool.install(|| text.embed(texts))
     }
 
     /// Also starts the token counts afresh. Audio prompts are not token prefixes: a speech

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::DType;
 use lmhost_plugin_api::{
-    lock_or_reset, BackendStats, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    KvCacheSettings, Logger, PluginError, ScoreRecord, TokenizeRecord,
+    lock_or_reset, BackendStats, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
+    GenerationRecord, KvCacheSettings, Logger, PluginError, ScoreRecord, TokenizeRecord,
 };
 
 use crate::engine::Engine;
@@ -80,6 +80,20 @@ impl TextModel {
 
     pub fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
         self.engine()?.front.detokenize(ids)
+    }
+
+    pub fn embed(&self, texts: &[String]) -> Result<Vec<EmbeddingRecord>, PluginError> {
+        let engine = self.engine()?;
+        texts
+            .iter()
+            .map(|text| {
+                let (embedding, tokens) = engine.embed(text)?;
+                Ok(EmbeddingRecord {
+                    embedding: embedding.into(),
+                    prompt_tokens: tokens as u32,
+                })
+            })
+            .collect()
     }
 
     pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {

@@ -280,3 +280,34 @@ fn hf_name(gguf: &str) -> String {
         .iter()
         .fold(gguf.to_string(), |n, (from, to)| n.replace(from, to))
 }
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+/// `embed` reads the text itself (mean-pooled final hidden states): the same text gives the same
+/// vector, different texts different ones, and a paraphrase lies closer than an unrelated one.
+#[test]
+fn embeddings_come_from_the_input_and_a_paraphrase_is_closer() {
+    let texts = [
+        "The cat sat on the mat.",
+        "A cat was sitting on the rug.",
+        "Quarterly tax filings are due at the end of April.",
+        "The cat sat on the mat.",
+    ]
+    .map(String::from);
+    let e = f32_model().embed(&texts).unwrap();
+    assert_eq!(e.len(), 4);
+    assert_eq!(e[0].embedding, e[3].embedding);
+    assert_eq!(e[0].embedding.len(), 576, "SmolLM2's hidden size");
+    assert!(e[0].prompt_tokens >= 7, "{}", e[0].prompt_tokens);
+    let (paraphrase, unrelated) = (
+        cosine(&e[0].embedding, &e[1].embedding),
+        cosine(&e[0].embedding, &e[2].embedding),
+    );
+    println!("cosine: paraphrase {paraphrase}, unrelated {unrelated}");
+    assert!(paraphrase < 0.9999, "different texts, different vectors");
+    assert!(paraphrase > unrelated, "{paraphrase} vs {unrelated}");
+}

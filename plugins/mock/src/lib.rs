@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
-    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, FinishReason,
-    GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec, PluginContext,
-    PluginError, Role, ScoreRecord, TokenizeRecord,
+    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
+    FinishReason, GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec,
+    PluginContext, PluginError, Role, ScoreRecord, TokenizeRecord,
 };
 
 /// Size of the mock vocabulary, for smoothing and embeddings.
@@ -199,6 +199,20 @@ impl Backend for Mock {
             token_ids: words.iter().map(|w| token_id(w)).collect(),
             pieces: pieces.into_iter().map(Into::into).collect(),
         })
+    }
+
+    /// The mean of the text's word embeddings: the same text, the same vector.
+    fn embed(&self, texts: &[String]) -> Result<Vec<EmbeddingRecord>, PluginError> {
+        Ok(texts
+            .iter()
+            .map(|text| {
+                let ids: Vec<u32> = text.split_whitespace().map(token_id).collect();
+                EmbeddingRecord {
+                    embedding: mean_embedding(&ids, 0).into(),
+                    prompt_tokens: ids.len() as u32,
+                }
+            })
+            .collect())
     }
 }
 
