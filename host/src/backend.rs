@@ -1,10 +1,12 @@
 //! The host's handle on a backend: plugin errors become host errors that name the plugin, and
 //! every request is validated before it crosses the boundary.
 
+use lmhost_plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use lmhost_plugin_api::abi_stable::std_types::{RSlice, RStr, RString, RVec};
 use lmhost_plugin_api::{
     BackendBox, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    GenerationConfig, GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TokenizeRecord,
+    GenerationConfig, GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TokenDelta,
+    TokenSink, TokenSink_TO, TokenizeRecord,
 };
 
 use crate::error::{Error, Result};
@@ -47,6 +49,27 @@ impl Backend {
         config.validate().map_err(|e| self.wrap(e))?;
         self.inner
             .generate(snapshot, config)
+            .into_result()
+            .map_err(|e| self.wrap(e))
+    }
+
+    /// `generate`, calling `on_token` with the tokens as they come; its `false` stops
+    /// generation (within one token on a streaming backend). A backend that does not stream
+    /// calls it once, with the whole reply.
+    pub fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        on_token: impl FnMut(&TokenDelta) -> bool + Send,
+    ) -> Result<GenerationRecord> {
+        config.validate().map_err(|e| self.wrap(e))?;
+        let mut sink = Sink(on_token);
+        self.inner
+            .generate_stream(
+                snapshot,
+                config,
+                TokenSink_TO::from_ptr(&mut sink, TD_Opaque),
+            )
             .into_result()
             .map_err(|e| self.wrap(e))
     }
@@ -141,5 +164,15 @@ impl Backend {
 impl Drop for Backend {
     fn drop(&mut self) {
         self.inner.close();
+    }
+}
+
+/// A closure lent to a plugin as its token sink. It must not panic: it runs inside the
+/// plugin's call, across the FFI boundary.
+struct Sink<F>(F);
+
+impl<F: FnMut(&TokenDelta) -> bool + Send> TokenSink for Sink<F> {
+    fn token(&mut self, delta: &TokenDelta) -> bool {
+        (self.0)(delta)
     }
 }

@@ -5,6 +5,7 @@
 #![allow(non_local_definitions)]
 
 use abi_stable::library::RootModule;
+use abi_stable::sabi_types::RMut;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RBox, RResult, RSlice, RStr, RString, RVec};
 use abi_stable::{declare_root_module_statics, package_version_strings, sabi_trait, StableAbi};
@@ -14,8 +15,19 @@ use crate::error::PluginError;
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, ScoreRecord, TokenizeRecord,
+    GenerationRecord, KvCacheSettings, ScoreRecord, TokenDelta, TokenizeRecord,
 };
+
+/// Where a streaming generation hands its tokens, as they come. Its answer says whether to go
+/// on: `false` (the client went away, the request ran out of time) stops generation after that
+/// token, and the record then ends with `Length` (the reply was cut short).
+#[sabi_trait]
+pub trait TokenSink: Send {
+    fn token(&mut self, delta: &TokenDelta) -> bool;
+}
+
+/// A sink the host lends for one call.
+pub type TokenSinkRef<'a> = TokenSink_TO<'a, RMut<'a, ()>>;
 
 /// A loaded generation backend. Calls block; the backend serializes use of its model itself, so
 /// any number of threads may call it at once.
@@ -87,6 +99,26 @@ pub trait GenerationBackend: Send + Sync {
     fn embed(&self, texts: RSlice<'_, RString>) -> RResult<RVec<EmbeddingRecord>, PluginError> {
         let _ = texts;
         RResult::RErr(PluginError::unsupported("this backend cannot embed text"))
+    }
+
+    /// `generate`, handing tokens to `sink` as they come. The default (and what a plugin built
+    /// before this method gets) generates the whole reply, then hands it over in one delta.
+    fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        mut sink: TokenSinkRef<'_>,
+    ) -> RResult<GenerationRecord, PluginError> {
+        let record = match self.generate(snapshot, config) {
+            RResult::ROk(record) => record,
+            err => return err,
+        };
+        sink.token(&TokenDelta {
+            token_ids: record.token_ids.clone(),
+            logprobs: record.logprobs.clone(),
+            text: record.text.clone(),
+        });
+        RResult::ROk(record)
     }
 }
 

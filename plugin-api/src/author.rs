@@ -11,14 +11,14 @@ use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 
 use crate::abi::{
     BackendBox, GenerationBackend, GenerationBackend_TO, PluginContext, PluginMod, PluginModRef,
-    API_VERSION,
+    TokenSinkRef, API_VERSION,
 };
 use crate::error::PluginError;
 use crate::identity::{PluginIdentity, RawStr, IDENTITY_MAGIC};
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, ScoreRecord, TokenizeRecord,
+    GenerationRecord, KvCacheSettings, ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 /// A generation backend, written with std types. Methods take `&self`: a backend that holds a
@@ -95,6 +95,24 @@ pub trait Backend: Send + Sync + Sized + 'static {
             "backend `{}` cannot detokenize",
             Self::NAME
         )))
+    }
+
+    /// `generate`, handing tokens to `sink` as they come; `sink` answering `false` stops
+    /// generation (see [`GenerationBackend::generate_stream`]). The default hands the whole
+    /// reply over at once.
+    fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+    ) -> Result<GenerationRecord, PluginError> {
+        let record = self.generate(snapshot, config)?;
+        sink(&TokenDelta {
+            token_ids: record.token_ids.clone(),
+            logprobs: record.logprobs.clone(),
+            text: record.text.clone(),
+        });
+        Ok(record)
     }
 
     /// One vector per text (see [`GenerationBackend::embed`]).
@@ -213,6 +231,18 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
     fn detokenize(&self, ids: RSlice<'_, u32>) -> RResult<RString, PluginError> {
         guard(B::NAME, || {
             self.0.detokenize(ids.as_slice()).map(RString::from)
+        })
+    }
+
+    fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        mut sink: TokenSinkRef<'_>,
+    ) -> RResult<GenerationRecord, PluginError> {
+        guard(B::NAME, || {
+            self.0
+                .generate_stream(snapshot, config, &mut |delta| sink.token(delta))
         })
     }
 

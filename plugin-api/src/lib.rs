@@ -14,7 +14,7 @@ pub mod types;
 
 pub use abi::{
     BackendBox, GenerationBackend, GenerationBackend_TO, LogLevel, Logger, PluginContext,
-    PluginMod, PluginModRef, API_VERSION,
+    PluginMod, PluginModRef, TokenSink, TokenSinkRef, TokenSink_TO, API_VERSION,
 };
 pub use author::{lock_or_reset, Backend};
 pub use error::{ErrorKind, PluginError};

@@ -284,6 +284,17 @@ pub enum FinishReason {
     Length,
 }
 
+/// Generated tokens as they come (`generate_stream`): their ids, logprobs and the text they add.
+/// The text may lag the ids: bytes of an unfinished character, or what could be the start of a
+/// stop string, wait for the tokens that settle them.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenDelta {
+    pub token_ids: RVec<u32>,
+    pub logprobs: RVec<f32>,
+    pub text: RString,
+}
+
 /// What `generate` returns.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 //! their models behind one, so a prompt, a score and a stop mean the same on either.
 
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, PluginError, TokenizeRecord,
+    ConversationSnapshot, FinishReason, GenerationConfig, PluginError, TokenDelta, TokenizeRecord,
 };
 
 use crate::prompt::PromptFormat;
@@ -214,13 +214,15 @@ impl TextFrontEnd {
 
     /// Samples a reply after a prompt of `prompt_len` tokens whose last logits row is `row`;
     /// `next(id)` runs the model one token on and returns the following row. Ends at an
-    /// end-of-sequence id, a stop string, `max_new_tokens` or the context length.
+    /// end-of-sequence id, a stop string, `max_new_tokens` or the context length, or when
+    /// `sink`, handed each token as it comes, answers `false` (then as `Length`: cut short).
     pub fn sample(
         &self,
         config: &GenerationConfig,
         prompt_len: usize,
         mut row: Vec<f32>,
         mut next: impl FnMut(u32) -> Result<Vec<f32>, PluginError>,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<Sampled, PluginError> {
         let sampler = Sampler {
             temperature: config.temperature,
@@ -229,12 +231,14 @@ impl TextFrontEnd {
         };
         let mut rng = Rng::new(config.seed);
         let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
+        let mut sent = String::new();
         loop {
             let id = sampler.pick(&row, &mut rng);
-            logprobs.push(logprob_of(&row, id));
+            let logprob = logprob_of(&row, id);
+            logprobs.push(logprob);
             ids.push(id);
             let mut text = self.decode(&ids, true)?;
-            let finish = if self.eos_ids.contains(&id) {
+            let mut finish = if self.eos_ids.contains(&id) {
                 Some(FinishReason::Eos)
             } else if let Some(cut) = config
                 .stop
@@ -251,6 +255,23 @@ impl TextFrontEnd {
             } else {
                 None
             };
+            let settled = match finish {
+                Some(_) => text.len(),
+                None => settled(&text, &config.stop),
+            };
+            let fresh = match text.get(..settled) {
+                Some(done) if done.starts_with(sent.as_str()) => &done[sent.len()..],
+                _ => "",
+            };
+            let go_on = sink(&TokenDelta {
+                token_ids: vec![id].into(),
+                logprobs: vec![logprob].into(),
+                text: fresh.into(),
+            });
+            sent.push_str(fresh);
+            if !go_on {
+                finish = finish.or(Some(FinishReason::Length));
+            }
             if let Some(finish) = finish {
                 return Ok(Sampled {
                     text,
@@ -261,5 +282,42 @@ impl TextFrontEnd {
             }
             row = next(id)?;
         }
+    }
+}
+
+/// How much of a reply's text can be handed out before the tokens that follow: all but an
+/// unfinished character (decoded as U+FFFD) and the longest end that could begin a stop string.
+fn settled(text: &str, stops: &[impl AsRef<str>]) -> usize {
+    let end = text.trim_end_matches('\u{FFFD}').len();
+    let text = &text[..end];
+    let held = stops
+        .iter()
+        .flat_map(|stop| {
+            let stop = stop.as_ref();
+            stop.char_indices()
+                .skip(1)
+                .map(move |(k, _)| &stop[..k])
+                .chain(std::iter::once(stop))
+        })
+        .filter(|head| text.ends_with(head))
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    end - held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settled;
+
+    #[test]
+    fn text_waits_for_unfinished_characters_and_possible_stop_strings() {
+        let none: [&str; 0] = [];
+        assert_eq!(settled("Hello", &none), 5);
+        assert_eq!(settled("caf\u{FFFD}", &none), 3);
+        assert_eq!(settled("Hello\nUs", &["\nUser:"]), 5);
+        assert_eq!(settled("Hello\n", &["\nUser:", "\n\n"]), 5);
+        assert_eq!(settled("Hello, Use", &["\nUser:"]), 10);
+        assert_eq!(settled("ab", &["b", "ab"]), 0);
     }
 }

@@ -1,4 +1,6 @@
-//! `lmhost generate`: one reply, as text or as the whole record in JSON.
+//! `lmhost generate`: one reply, printed as it is generated, or the whole record in JSON.
+
+use std::io::Write;
 
 use lmhost::Result;
 
@@ -13,18 +15,24 @@ pub struct Args {
     #[command(flatten)]
     input: PromptArgs,
 
-    /// Print the whole generation record as JSON.
+    /// Print the whole generation record as JSON (once it is complete).
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: &Args) -> Result<()> {
     let (config, snapshot, backend) = open(&args.config, &args.input)?;
-    let record = backend.generate(&snapshot, &config.generation)?;
     if args.json {
-        print_json(&record)
-    } else {
-        println!("{}", record.text);
-        Ok(())
+        let record = backend.generate(&snapshot, &config.generation)?;
+        return print_json(&record);
     }
+    // Each token's text as it comes; a closed stdout (`| head`) stops generation.
+    let mut out = std::io::stdout();
+    backend.generate_stream(&snapshot, &config.generation, |delta| {
+        out.write_all(delta.text.as_bytes())
+            .and_then(|()| out.flush())
+            .is_ok()
+    })?;
+    writeln!(out).ok();
+    Ok(())
 }

@@ -138,17 +138,30 @@ struct Inner<'a> {
     code: Option<&'a str>,
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = Body {
+impl ApiError {
+    /// The JSON body: `{"error": {...}}`.
+    fn json(&self) -> Body<'_> {
+        Body {
             error: Inner {
                 message: &self.message,
                 kind: self.kind,
                 param: self.param.as_deref(),
                 code: self.code,
             },
-        };
-        let mut response = (self.status, Json(body)).into_response();
+        }
+    }
+
+    /// The body as a server-sent event, for a failure after a stream's headers went out.
+    pub fn event(&self) -> String {
+        // A struct of strings always serializes.
+        let json = serde_json::to_string(&self.json()).unwrap_or_default();
+        format!("data: {json}\n\n")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.json())).into_response();
         if let Some(seconds) = self.retry_after {
             response
                 .headers_mut()

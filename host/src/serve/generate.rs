@@ -1,19 +1,23 @@
 //! `/v1/chat/completions` and `/v1/completions`: requests become a snapshot and a validated
-//! `GenerationConfig` (errors name the OpenAI field), the backend runs through the queue, and
-//! the record becomes the OpenAI response.
+//! `GenerationConfig` (errors name the OpenAI field), the backend runs through the queue (and
+//! stops at its next token when the client goes away or the request's time is up), and the
+//! record, or the stream of its tokens, becomes the OpenAI response.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lmhost_plugin_api::abi_stable::std_types::RString;
 use lmhost_plugin_api::{FinishReason, GenerationConfig, GenerationRecord, Message, Part, Role};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::queue::QueueError;
 use super::routes::{check_model, next_id, now, Shared};
-use super::stream::ChatStream;
+use super::stream::{ChatStream, Event};
 use super::wire::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, ChoiceLogprobs,
     Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Content, ContentPart,
@@ -63,6 +67,29 @@ pub(super) async fn chat(
     }
     .apply(&state.defaults)?;
     let stop = config.stop.first().map(|s| s.to_string());
+    let (id, created, model) = (next_id(&state, "chatcmpl"), now(), state.model.clone());
+    if request.stream.unwrap_or(false) {
+        let mut events = stream_events(&state, snapshot, config);
+        // A request refused or failed before its first token gets an HTTP error, not a stream.
+        let first = match events.recv().await {
+            Some(Event::Done(Err(e))) => return Err(e),
+            Some(event) => event,
+            None => return Err(ApiError::internal("the generation ended without a result")),
+        };
+        let stream = ChatStream {
+            id,
+            created,
+            model,
+            logprobs: request.logprobs.unwrap_or(false),
+            include_usage: request
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+            first,
+            events,
+        };
+        return Ok(stream.into_response());
+    }
     let record = generate(&state, snapshot, config).await?;
     let usage = usage(&record);
     let logprobs = request.logprobs.unwrap_or(false).then(|| ChoiceLogprobs {
@@ -73,23 +100,6 @@ pub(super) async fn chat(
             .map(|(&id, &lp)| TokenLogprob::new(id, lp))
             .collect(),
     });
-    let (id, created, model) = (next_id(&state, "chatcmpl"), now(), state.model.clone());
-    if request.stream.unwrap_or(false) {
-        let include_usage = request
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
-        let stream = ChatStream {
-            id,
-            created,
-            model,
-            text: record.text.into_string(),
-            logprobs,
-            finish_reason: finish_reason(record.finish_reason),
-            usage: include_usage.then_some(usage),
-        };
-        return Ok(stream.into_response());
-    }
     // vLLM's convention: a string `stop_reason` says a stop string ended generation.
     let stop_reason = stop.filter(|_| record.finish_reason == FinishReason::StopString);
     Ok(Json(ChatCompletion {
@@ -183,17 +193,83 @@ pub(super) async fn completions(
     .into_response())
 }
 
+/// Set when dropped: the request's handler was dropped before its generation ended (its
+/// client went away).
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Generates through the queue. The generation stops at its next token once the request's
+/// time is up or its client is gone, so neither keeps a worker busy.
 async fn generate(
     state: &Arc<AppState>,
     snapshot: ConversationSnapshot,
     config: GenerationConfig,
 ) -> Result<GenerationRecord, ApiError> {
-    let backend = state.backend.clone();
-    let record = state
+    let gone = Arc::new(AtomicBool::new(false));
+    let _cancel = CancelOnDrop(gone.clone());
+    let deadline = Instant::now() + state.queue.timeout();
+    let shared = state.clone();
+    state
         .queue
-        .run(move || backend.generate(&snapshot, &config))
+        .run(move || {
+            let record = shared
+                .backend
+                .generate_stream(&snapshot, &config, move |_| {
+                    !gone.load(Ordering::Relaxed) && Instant::now() < deadline
+                });
+            count_tokens(&shared, record)
+        })
         .await
-        .map_err(|e| queue_error(state, e))??;
+        .map_err(|e| queue_error(state, e))?
+}
+
+/// Starts a generation through the queue whose token deltas, then outcome, arrive on the
+/// returned channel. Dropping the receiver (the client went away) or running past the
+/// request's time stops it at its next token.
+fn stream_events(
+    state: &Arc<AppState>,
+    snapshot: ConversationSnapshot,
+    config: GenerationConfig,
+) -> UnboundedReceiver<Event> {
+    let (events, receiver) = unbounded_channel();
+    let state = state.clone();
+    let deadline = Instant::now() + state.queue.timeout();
+    tokio::spawn(async move {
+        let (shared, deltas) = (state.clone(), events.clone());
+        let outcome = state
+            .queue
+            .run(move || {
+                let record = shared
+                    .backend
+                    .generate_stream(&snapshot, &config, move |delta| {
+                        Instant::now() < deadline
+                            && deltas.send(Event::Delta(delta.clone())).is_ok()
+                    });
+                count_tokens(&shared, record)
+            })
+            .await;
+        let outcome = match outcome {
+            Err(e) => Err(queue_error(&state, e)),
+            Ok(outcome) => outcome,
+        };
+        // The client may be gone; then nobody needs the outcome.
+        let _ = events.send(Event::Done(outcome));
+    });
+    receiver
+}
+
+/// Counts a generation's tokens where it ran, so a request that timed out or lost its client
+/// still shows what its backend call computed.
+fn count_tokens(
+    state: &AppState,
+    record: crate::Result<GenerationRecord>,
+) -> Result<GenerationRecord, ApiError> {
+    let record = record?;
     state.metrics.record_tokens(
         record.prompt_tokens,
         record.token_ids.len() as u32,
@@ -320,7 +396,7 @@ impl Sampling {
     }
 }
 
-fn usage(record: &GenerationRecord) -> Usage {
+pub(super) fn usage(record: &GenerationRecord) -> Usage {
     Usage::new(
         record.prompt_tokens,
         record.token_ids.len() as u32,
@@ -328,7 +404,7 @@ fn usage(record: &GenerationRecord) -> Usage {
     )
 }
 
-fn finish_reason(reason: FinishReason) -> &'static str {
+pub(super) fn finish_reason(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Eos | FinishReason::StopString => "stop",
         FinishReason::Length => "length",

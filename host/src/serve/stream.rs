@@ -1,66 +1,48 @@
-//! Server-sent events for `stream: true`, produced from a completed record.
-//!
-//! The plugin API returns whole records, so the stream is written at once: a role chunk, the
-//! text in word-sized pieces (the first carries all logprobs), a chunk with the finish reason,
-//! the usage chunk when asked for, and `[DONE]`. Clients read it exactly like a live stream.
+//! Server-sent events for `stream: true`, written as the backend hands out tokens: a role chunk,
+//! a chunk per token delta (with its logprobs when asked), a chunk with the finish reason, the
+//! usage chunk when asked for, and `[DONE]`. A backend that does not stream hands over its whole
+//! reply as one delta. A client that goes away drops the stream, and the generation stops at
+//! its next token (see [`super::generate::Generation`]).
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
+use lmhost_plugin_api::{GenerationRecord, TokenDelta};
 use serde::Serialize;
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::wire::{ChatChunk, ChoiceLogprobs, ChunkChoice, Delta, Usage};
+use super::error::ApiError;
+use super::generate::{finish_reason, usage};
+use super::wire::{ChatChunk, ChoiceLogprobs, ChunkChoice, Delta, TokenLogprob};
+
+/// What a generation sends its stream: deltas, then how it ended.
+pub enum Event {
+    Delta(TokenDelta),
+    Done(Result<GenerationRecord, ApiError>),
+}
 
 pub struct ChatStream {
     pub id: String,
     pub created: u64,
     pub model: String,
-    pub text: String,
-    pub logprobs: Option<ChoiceLogprobs>,
-    pub finish_reason: &'static str,
-    pub usage: Option<Usage>,
+    pub logprobs: bool,
+    pub include_usage: bool,
+    /// The first event, already received (a failure before it is an HTTP error instead).
+    pub first: Event,
+    pub events: UnboundedReceiver<Event>,
+}
+
+/// Where a stream is: the role chunk still to send, then events, then the end.
+enum State {
+    Start(Box<ChatStream>),
+    Events(Box<ChatStream>),
+    Finished,
 }
 
 impl ChatStream {
     pub fn into_response(self) -> Response {
-        let mut out = String::new();
-        let chunk = |choices: Vec<ChunkChoice>, usage: Option<Usage>| ChatChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage,
-        };
-        let choice = |delta, logprobs, finish_reason| ChunkChoice {
-            index: 0,
-            delta,
-            logprobs,
-            finish_reason,
-        };
-        let role = Delta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-        };
-        push(&mut out, &chunk(vec![choice(role, None, None)], None));
-        let mut logprobs = self.logprobs;
-        for piece in pieces(&self.text) {
-            let delta = Delta {
-                role: None,
-                content: Some(piece.to_string()),
-            };
-            push(
-                &mut out,
-                &chunk(vec![choice(delta, logprobs.take(), None)], None),
-            );
-        }
-        let last = choice(Delta::default(), logprobs.take(), Some(self.finish_reason));
-        push(&mut out, &chunk(vec![last], None));
-        if let Some(usage) = self.usage {
-            push(&mut out, &chunk(Vec::new(), Some(usage)));
-        }
-        out.push_str("data: [DONE]\n\n");
-        let mut response = Response::new(Body::from(out));
+        let chunks = futures_util::stream::unfold(State::Start(Box::new(self)), next);
+        let mut response = Response::new(Body::from_stream(chunks));
         *response.status_mut() = StatusCode::OK;
         let headers = response.headers_mut();
         headers.insert(
@@ -70,44 +52,108 @@ impl ChatStream {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         response
     }
+
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<super::wire::Usage>) -> String {
+        event(&ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        })
+    }
+
+    fn choice(
+        delta: Delta,
+        logprobs: Option<ChoiceLogprobs>,
+        finish: Option<&'static str>,
+    ) -> ChunkChoice {
+        ChunkChoice {
+            index: 0,
+            delta,
+            logprobs,
+            finish_reason: finish,
+        }
+    }
+
+    /// The SSE text of one event.
+    fn render(&self, event: Event) -> (String, bool) {
+        match event {
+            Event::Delta(delta) => {
+                let logprobs = self.logprobs.then(|| ChoiceLogprobs {
+                    content: delta
+                        .token_ids
+                        .iter()
+                        .zip(delta.logprobs.iter())
+                        .map(|(&id, &lp)| TokenLogprob::new(id, lp))
+                        .collect(),
+                });
+                let content = Delta {
+                    role: None,
+                    content: Some(delta.text.into_string()),
+                };
+                (
+                    self.chunk(vec![Self::choice(content, logprobs, None)], None),
+                    false,
+                )
+            }
+            Event::Done(Ok(record)) => {
+                let reason = finish_reason(record.finish_reason);
+                let mut out = self.chunk(
+                    vec![Self::choice(Delta::default(), None, Some(reason))],
+                    None,
+                );
+                if self.include_usage {
+                    out += &self.chunk(Vec::new(), Some(usage(&record)));
+                }
+                out.push_str("data: [DONE]\n\n");
+                (out, true)
+            }
+            // Headers are sent: the error goes in the stream, as OpenAI's servers do.
+            Event::Done(Err(e)) => (e.event(), true),
+        }
+    }
 }
 
-fn push(out: &mut String, chunk: &impl Serialize) {
+async fn next(state: State) -> Option<(Result<Bytes, std::convert::Infallible>, State)> {
+    match state {
+        State::Start(mut stream) => {
+            let role = Delta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+            };
+            let mut out = stream.chunk(vec![ChatStream::choice(role, None, None)], None);
+            let first = std::mem::replace(&mut stream.first, Event::Delta(TokenDelta::default()));
+            let (text, done) = stream.render(first);
+            out += &text;
+            let state = if done {
+                State::Finished
+            } else {
+                State::Events(stream)
+            };
+            Some((Ok(Bytes::from(out)), state))
+        }
+        State::Events(mut stream) => {
+            let event = stream.events.recv().await.unwrap_or_else(|| {
+                Event::Done(Err(ApiError::internal(
+                    "the generation ended without a result",
+                )))
+            });
+            let (text, done) = stream.render(event);
+            let state = if done {
+                State::Finished
+            } else {
+                State::Events(stream)
+            };
+            Some((Ok(Bytes::from(text)), state))
+        }
+        State::Finished => None,
+    }
+}
+
+fn event(chunk: &impl Serialize) -> String {
     // Serializing these plain structs cannot fail; an empty event would still be valid SSE.
     let json = serde_json::to_string(chunk).unwrap_or_default();
-    out.push_str("data: ");
-    out.push_str(&json);
-    out.push_str("\n\n");
-}
-
-/// The text cut before each run of whitespace, so the pieces concatenate back to it.
-fn pieces(text: &str) -> Vec<&str> {
-    let mut pieces = Vec::new();
-    let mut start = 0;
-    let mut prev_space = false;
-    for (i, c) in text.char_indices() {
-        let space = c.is_whitespace();
-        if space && !prev_space && i > start {
-            pieces.push(&text[start..i]);
-            start = i;
-        }
-        prev_space = space;
-    }
-    if start < text.len() {
-        pieces.push(&text[start..]);
-    }
-    pieces
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pieces;
-
-    #[test]
-    fn pieces_concatenate_to_the_text() {
-        for text in ["", "one", "one two  three", " lead\nnew line ", "é ü"] {
-            assert_eq!(pieces(text).concat(), text);
-        }
-        assert_eq!(pieces("a b  c"), vec!["a", " b", "  c"]);
-    }
+    format!("data: {json}\n\n")
 }

@@ -46,7 +46,12 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn mock(latency_ms: u64, configure: impl FnOnce(&mut ServeOptions)) -> TestServer {
-        let config = Config::parse(&mock_config(latency_ms), Path::new("test.toml")).unwrap();
+        Self::start(&mock_config(latency_ms), configure)
+    }
+
+    /// A server over the backend `config` (TOML text) names.
+    pub fn start(config: &str, configure: impl FnOnce(&mut ServeOptions)) -> TestServer {
+        let config = Config::parse(config, Path::new("test.toml")).unwrap();
         let backend = Arc::new(host().open(&config).unwrap());
         let mut options = ServeOptions::new(MODEL);
         configure(&mut options);
@@ -150,6 +155,61 @@ pub fn post_with(url: &str, body: &str, bearer: Option<&str>) -> Answer {
         request = request.header("Authorization", format!("Bearer {key}"));
     }
     answer(request.send(body))
+}
+
+/// A POST whose body is read as it arrives: server-sent events one at a time.
+pub struct EventStream {
+    reader: BufReader<Box<dyn Read + Send>>,
+}
+
+impl EventStream {
+    pub fn open(url: &str, body: &str) -> EventStream {
+        let response = agent()
+            .post(url)
+            .header("Content-Type", "application/json")
+            .send(body)
+            .expect("the server answers");
+        assert_eq!(response.status().as_u16(), 200);
+        let reader: Box<dyn Read + Send> = Box::new(response.into_body().into_reader());
+        EventStream {
+            reader: BufReader::new(reader),
+        }
+    }
+
+    /// The next event's data, or `None` at the end of the stream.
+    pub fn next_event(&mut self) -> Option<String> {
+        let mut data = String::new();
+        loop {
+            let mut line = String::new();
+            if self.reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return (!data.is_empty()).then_some(data);
+            }
+            match line.trim_end_matches(['\r', '\n']) {
+                "" if !data.is_empty() => return Some(data),
+                "" => {}
+                line => data.push_str(line.strip_prefix("data: ").unwrap_or(line)),
+            }
+        }
+    }
+}
+
+/// The value of an unlabelled metric in `/metrics`.
+pub fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = get(&server.url("/metrics")).body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{name}` in\n{text}"))
+}
+
+/// Waits (polling) until no request is in flight: the worker slots are free again.
+pub fn wait_until_idle(server: &TestServer) {
+    for _ in 0..1000 {
+        if metric(server, "lmhost_queue_in_flight") == 0.0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("requests still in flight after 10 s");
 }
 
 pub fn get(url: &str) -> Answer {

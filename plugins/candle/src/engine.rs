@@ -16,7 +16,7 @@
 
 use candle_core::Tensor;
 use lmhost_plugin_api::{
-    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord,
+    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord, TokenDelta,
 };
 use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore};
 use lmhost_plugin_kit::text::{logprob_of, TextFrontEnd};
@@ -288,11 +288,13 @@ impl Engine {
         )
     }
 
+    /// Generates a reply, handing each token to `sink` as it comes (its `false` stops).
     pub fn generate(
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
         store: Option<&mut dyn PrefixStore<KvState>>,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
         let prompt = self.front.prompt_ids(snapshot, 0)?;
         let item = Item {
@@ -311,13 +313,19 @@ impl Engine {
             logits,
         } = ran.ok_or_else(|| PluginError::internal("no prompt state"))?;
         let row = rows(&logits)?.pop().unwrap_or_default();
-        let sampled = self.front.sample(config, item.prompt_len, row, |next| {
-            let out = weights::decoding(|| self.forward(&[next], &mut kv, Logits::Last))?;
-            let logits = out
-                .logits
-                .ok_or_else(|| PluginError::internal("no logits"))?;
-            Ok(rows(&logits)?.pop().unwrap_or_default())
-        })?;
+        let sampled = self.front.sample(
+            config,
+            item.prompt_len,
+            row,
+            |next| {
+                let out = weights::decoding(|| self.forward(&[next], &mut kv, Logits::Last))?;
+                let logits = out
+                    .logits
+                    .ok_or_else(|| PluginError::internal("no logits"))?;
+                Ok(rows(&logits)?.pop().unwrap_or_default())
+            },
+            sink,
+        )?;
         let (embedding, contextual) = if config.compute_embeddings {
             let (e, c) = self.embeddings(&sampled.ids)?;
             (Some(e.into()), Some(c.into()))

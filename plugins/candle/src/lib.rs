@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use lmhost_plugin_api::{
     export_plugin, lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot,
     EmbeddingRecord, GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec,
-    PluginContext, PluginError, ScoreRecord, TokenizeRecord,
+    PluginContext, PluginError, ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 use crate::audio_backend::{AudioBackend, SpeechModel};
@@ -109,10 +109,28 @@ impl Backend for Candle {
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
     ) -> Result<GenerationRecord, PluginError> {
+        self.generate_stream(snapshot, config, &mut |_| true)
+    }
+
+    /// A text model hands out each token as it is sampled; Whisper the whole transcript.
+    fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+    ) -> Result<GenerationRecord, PluginError> {
         config.validate()?;
         let record = self.pool.install(|| match &self.model {
-            Model::Text(text) => text.generate(snapshot, config),
-            Model::Speech(speech) => speech.with(|audio| audio.generate(snapshot, config)),
+            Model::Text(text) => text.generate(snapshot, config, sink),
+            Model::Speech(speech) => {
+                let record = speech.with(|audio| audio.generate(snapshot, config))?;
+                sink(&TokenDelta {
+                    token_ids: record.token_ids.clone(),
+                    logprobs: record.logprobs.clone(),
+                    text: record.text.clone(),
+                });
+                Ok(record)
+            }
         })?;
         self.count(
             record.prompt_tokens,

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use candle_core::DType;
 use lmhost_plugin_api::{
     lock_or_reset, BackendStats, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, Logger, PluginError, ScoreRecord, TokenizeRecord,
+    GenerationRecord, KvCacheSettings, Logger, PluginError, ScoreRecord, TokenDelta,
+    TokenizeRecord,
 };
 
 use crate::engine::Engine;
@@ -50,10 +51,11 @@ impl TextModel {
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
         self.refuse_audio(snapshot)?;
         let engine = self.engine()?;
-        self.with_store(|store| engine.generate(snapshot, config, store))
+        self.with_store(|store| engine.generate(snapshot, config, store, sink))
     }
 
     /// Prompts run in packed passes (see [`crate::engine`]).

@@ -355,9 +355,13 @@ fn prefix_hook_reuses_states_without_changing_results() {
     let a = ConversationSnapshot::from_prompt("shared words then branch A");
     let other = ConversationSnapshot::from_prompt("shared words then the other branch");
     let mut store = LastPrompt::default();
-    let plain_a = engine.generate(&a, &greedy(5), None).unwrap();
+    let plain_a = engine
+        .generate(&a, &greedy(5), None, &mut |_| true)
+        .unwrap();
     let plain_other = engine.score(&other, "a reply", None).unwrap();
-    let first = engine.generate(&a, &greedy(5), Some(&mut store)).unwrap();
+    let first = engine
+        .generate(&a, &greedy(5), Some(&mut store), &mut |_| true)
+        .unwrap();
     assert_eq!(first.cached_prompt_tokens, 0);
     // B branches off A's stored state; then A again must be unaffected by B's decoding.
     let branched = engine.score(&other, "a reply", Some(&mut store)).unwrap();
@@ -366,7 +370,9 @@ fn prefix_hook_reuses_states_without_changing_results() {
         "{}",
         branched.cached_prompt_tokens
     );
-    let again = engine.generate(&a, &greedy(5), Some(&mut store)).unwrap();
+    let again = engine
+        .generate(&a, &greedy(5), Some(&mut store), &mut |_| true)
+        .unwrap();
     assert!(again.cached_prompt_tokens > 5);
     assert_eq!(store.lookups, 3);
     for (x, y) in [(&plain_a, &first), (&plain_a, &again)] {

@@ -14,7 +14,7 @@ use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
     FinishReason, GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec,
-    PluginContext, PluginError, Role, ScoreRecord, TokenizeRecord,
+    PluginContext, PluginError, Role, ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 /// Size of the mock vocabulary, for smoothing and embeddings.
@@ -25,6 +25,7 @@ pub struct Mock {
     model_id: String,
     reply_words: usize,
     latency: Duration,
+    token_latency: Duration,
     state: Mutex<State>,
 }
 
@@ -53,6 +54,12 @@ impl Backend for Mock {
                 json!(0),
                 "Sleep per call, to act slow.",
             ),
+            OptionSpec::new(
+                "token_latency_ms",
+                OptionKind::Integer,
+                json!(0),
+                "Sleep before each streamed word, to act like a model decoding.",
+            ),
         ]
     }
 
@@ -64,6 +71,7 @@ impl Backend for Mock {
             model_id: context.model_id.to_string(),
             reply_words: int("reply_words", 8).max(1) as usize,
             latency: Duration::from_millis(int("latency_ms", 0)),
+            token_latency: Duration::from_millis(int("token_latency_ms", 0)),
             state: Mutex::default(),
         })
     }
@@ -87,69 +95,41 @@ impl Backend for Mock {
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
     ) -> Result<GenerationRecord, PluginError> {
-        let prompt = prompt_words(snapshot)?;
-        let cached = self.run_prompt(&prompt);
-        // Replies draw on message words, not on the role markers.
-        let content: Vec<String> = snapshot
-            .messages()
-            .flat_map(|m| {
-                m.text_content()
-                    .split_whitespace()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let content = if content.is_empty() {
-            prompt.clone()
-        } else {
-            content
-        };
-        // Greedy replies depend on the snapshot alone; sampled ones on the seed too.
-        let salt = if config.temperature > 0.0 {
-            config.seed
-        } else {
-            0
-        };
-        let mut words = Vec::new();
-        let mut finish_reason = FinishReason::Eos;
-        for i in 0..self.reply_words {
-            if words.len() == config.max_new_tokens as usize {
-                finish_reason = FinishReason::Length;
-                break;
-            }
-            let pick = fnv(&[
-                snapshot.snapshot_id.as_bytes(),
-                &salt.to_le_bytes(),
-                &i.to_le_bytes(),
-            ]);
-            words.push(content[pick as usize % content.len()].clone());
-            let text = words.join(" ");
-            if let Some(stop) = config.stop.iter().find(|s| text.contains(s.as_str())) {
-                let cut = text.find(stop.as_str()).unwrap_or(text.len());
-                words = text[..cut].split_whitespace().map(str::to_string).collect();
-                finish_reason = FinishReason::StopString;
+        self.generate_stream(snapshot, config, &mut |_| true)
+    }
+
+    /// Hands out the reply a word at a time (after `token_latency_ms` each), stopping early
+    /// when `sink` says so: how a real backend streams.
+    fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+    ) -> Result<GenerationRecord, PluginError> {
+        let (mut record, words) = self.reply(snapshot, config)?;
+        for (i, word) in words.iter().enumerate() {
+            sleep(self.token_latency);
+            let text = if i == 0 {
+                word.clone()
+            } else {
+                format!(" {word}")
+            };
+            let go_on = sink(&TokenDelta {
+                token_ids: vec![record.token_ids[i]].into(),
+                logprobs: vec![record.logprobs[i]].into(),
+                text: text.into(),
+            });
+            if !go_on && i + 1 < words.len() {
+                record.text = words[..=i].join(" ").into();
+                record.token_ids.truncate(i + 1);
+                record.logprobs.truncate(i + 1);
+                record.finish_reason = FinishReason::Length;
                 break;
             }
         }
-        let token_ids: Vec<u32> = words.iter().map(|w| token_id(w)).collect();
-        let logprobs = continuation_logprobs(&prompt, &words);
-        let embeddings = config.compute_embeddings.then(|| {
-            (
-                mean_embedding(&token_ids, 0).into(),
-                mean_embedding(&token_ids, fnv(&[snapshot.snapshot_id.as_bytes()])).into(),
-            )
-        });
-        self.state.lock().map_err(poisoned)?.stats.generated_tokens += words.len() as u64;
-        Ok(GenerationRecord {
-            text: words.join(" ").into(),
-            token_ids: token_ids.into(),
-            logprobs: logprobs.into(),
-            embedding: embeddings.clone().map(|e| e.0).into(),
-            contextual_embedding: embeddings.map(|e| e.1).into(),
-            prompt_tokens: prompt.len() as u32,
-            cached_prompt_tokens: cached,
-            finish_reason,
-        })
+        self.state.lock().map_err(poisoned)?.stats.generated_tokens +=
+            record.token_ids.len() as u64;
+        Ok(record)
     }
 
     fn score(
@@ -217,6 +197,77 @@ impl Backend for Mock {
 }
 
 impl Mock {
+    /// The whole reply to `snapshot` and its words.
+    fn reply(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+    ) -> Result<(GenerationRecord, Vec<String>), PluginError> {
+        let prompt = prompt_words(snapshot)?;
+        let cached = self.run_prompt(&prompt);
+        // Replies draw on message words, not on the role markers.
+        let content: Vec<String> = snapshot
+            .messages()
+            .flat_map(|m| {
+                m.text_content()
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let content = if content.is_empty() {
+            prompt.clone()
+        } else {
+            content
+        };
+        // Greedy replies depend on the snapshot alone; sampled ones on the seed too.
+        let salt = if config.temperature > 0.0 {
+            config.seed
+        } else {
+            0
+        };
+        let mut words = Vec::new();
+        let mut finish_reason = FinishReason::Eos;
+        for i in 0..self.reply_words {
+            if words.len() == config.max_new_tokens as usize {
+                finish_reason = FinishReason::Length;
+                break;
+            }
+            let pick = fnv(&[
+                snapshot.snapshot_id.as_bytes(),
+                &salt.to_le_bytes(),
+                &i.to_le_bytes(),
+            ]);
+            words.push(content[pick as usize % content.len()].clone());
+            let text = words.join(" ");
+            if let Some(stop) = config.stop.iter().find(|s| text.contains(s.as_str())) {
+                let cut = text.find(stop.as_str()).unwrap_or(text.len());
+                words = text[..cut].split_whitespace().map(str::to_string).collect();
+                finish_reason = FinishReason::StopString;
+                break;
+            }
+        }
+        let token_ids: Vec<u32> = words.iter().map(|w| token_id(w)).collect();
+        let logprobs = continuation_logprobs(&prompt, &words);
+        let embeddings = config.compute_embeddings.then(|| {
+            (
+                mean_embedding(&token_ids, 0).into(),
+                mean_embedding(&token_ids, fnv(&[snapshot.snapshot_id.as_bytes()])).into(),
+            )
+        });
+        let record = GenerationRecord {
+            text: words.join(" ").into(),
+            token_ids: token_ids.into(),
+            logprobs: logprobs.into(),
+            embedding: embeddings.clone().map(|e| e.0).into(),
+            contextual_embedding: embeddings.map(|e| e.1).into(),
+            prompt_tokens: prompt.len() as u32,
+            cached_prompt_tokens: cached,
+            finish_reason,
+        };
+        Ok((record, words))
+    }
+
     /// Accounts a prompt: the tokens it shares with the previous prompt count as cached.
     fn run_prompt(&self, prompt: &[String]) -> u32 {
         sleep(self.latency);

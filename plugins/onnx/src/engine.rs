@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use lmhost_plugin_api::{
-    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord,
+    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord, TokenDelta,
 };
 use lmhost_plugin_kit::hf::HfText;
 use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore, Segment};
@@ -337,20 +337,28 @@ impl Engine {
         Ok((rows, past, at))
     }
 
+    /// Generates a reply, handing each token to `sink` as it comes (its `false` stops).
     pub fn generate(
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
         mut store: Option<&mut dyn PrefixStore<Past>>,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
         let prompt = self.front.prompt_ids(snapshot, 0)?;
         let (mut rows, mut past, reused) = self.prompt(&prompt, prompt.len(), &mut store)?;
         let row = rows.pop().unwrap_or_default();
-        let sampled = self.front.sample(config, prompt.len(), row, |next| {
-            let (mut rows, next_past) = self.pass(&[next], &past, 0)?;
-            past = next_past;
-            rows.pop().ok_or_else(|| internal("no logits"))
-        })?;
+        let sampled = self.front.sample(
+            config,
+            prompt.len(),
+            row,
+            |next| {
+                let (mut rows, next_past) = self.pass(&[next], &past, 0)?;
+                past = next_past;
+                rows.pop().ok_or_else(|| internal("no logits"))
+            },
+            sink,
+        )?;
         Ok(GenerationRecord {
             text: sampled.text.into(),
             token_ids: sampled.ids.into(),

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use lmhost_plugin_api::{
     export_plugin, lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot,
     GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
-    ScoreRecord, TokenizeRecord,
+    ScoreRecord, TokenDelta, TokenizeRecord,
 };
 use lmhost_plugin_kit::prefix_cache::{self, PrefixCache, PrefixStore};
 
@@ -76,9 +76,19 @@ impl Backend for Onnx {
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
     ) -> Result<GenerationRecord, PluginError> {
+        self.generate_stream(snapshot, config, &mut |_| true)
+    }
+
+    /// Hands out each token as it is sampled.
+    fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+    ) -> Result<GenerationRecord, PluginError> {
         config.validate()?;
         let engine = self.engine()?;
-        let record = self.with_store(|store| engine.generate(snapshot, config, store))?;
+        let record = self.with_store(|store| engine.generate(snapshot, config, store, sink))?;
         self.count(
             record.prompt_tokens,
             record.cached_prompt_tokens,
