@@ -55,6 +55,14 @@ struct Start {
     at: usize,
 }
 
+/// A generation's prompt, run: its state, the positions reused, the last row's logits.
+pub struct Started {
+    prompt_len: usize,
+    kv: KvState,
+    reused: usize,
+    row: Vec<f32>,
+}
+
 /// What running an [`Item`] leaves: its state over all its tokens, the prompt positions it
 /// reused, and the logits of rows `prompt_len - 1..`.
 struct Ran {
@@ -288,7 +296,8 @@ impl Engine {
         )
     }
 
-    /// Generates a reply, handing each token to `sink` as it comes (its `false` stops).
+    /// Generates a reply, handing each token to `sink` as it comes (its `false` stops): the
+    /// prompt, then one decode step at a time on this thread.
     pub fn generate(
         &self,
         snapshot: &ConversationSnapshot,
@@ -296,6 +305,23 @@ impl Engine {
         store: Option<&mut dyn PrefixStore<KvState>>,
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
+        let started = self.start(snapshot, store)?;
+        let mut record = self.finish(started, config, sink, &mut |token, mut kv| {
+            let row = self.decode_step(token, &mut kv)?;
+            Ok((kv, row))
+        })?;
+        if config.compute_embeddings {
+            self.add_embeddings(&mut record)?;
+        }
+        Ok(record)
+    }
+
+    /// Runs a generation's prompt, from its longest cached prefix when `store` is on.
+    pub fn start(
+        &self,
+        snapshot: &ConversationSnapshot,
+        store: Option<&mut dyn PrefixStore<KvState>>,
+    ) -> Result<Started, PluginError> {
         let prompt = self.front.prompt_ids(snapshot, 0)?;
         let item = Item {
             prompt_len: prompt.len(),
@@ -307,41 +333,73 @@ impl Engine {
             ran = Some(r);
             Ok(())
         })?;
-        let Ran {
-            mut kv,
+        let Ran { kv, reused, logits } =
+            ran.ok_or_else(|| PluginError::internal("no prompt state"))?;
+        Ok(Started {
+            prompt_len: item.prompt_len,
+            kv,
             reused,
-            logits,
-        } = ran.ok_or_else(|| PluginError::internal("no prompt state"))?;
-        let row = rows(&logits)?.pop().unwrap_or_default();
+            row: rows(&logits)?.pop().unwrap_or_default(),
+        })
+    }
+
+    /// Samples the reply after a started prompt; `step(token, kv)` runs one decode step (alone,
+    /// or packed with other generations' by [`crate::batch::Batcher`]). No embeddings.
+    pub fn finish(
+        &self,
+        started: Started,
+        config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+        step: &mut dyn FnMut(u32, KvState) -> Result<(KvState, Vec<f32>), PluginError>,
+    ) -> Result<GenerationRecord, PluginError> {
+        let Started {
+            prompt_len,
+            kv,
+            reused,
+            row,
+        } = started;
+        let mut kv = Some(kv);
         let sampled = self.front.sample(
             config,
-            item.prompt_len,
+            prompt_len,
             row,
             |next| {
-                let out = weights::decoding(|| self.forward(&[next], &mut kv, Logits::Last))?;
-                let logits = out
-                    .logits
-                    .ok_or_else(|| PluginError::internal("no logits"))?;
-                Ok(rows(&logits)?.pop().unwrap_or_default())
+                let held = kv
+                    .take()
+                    .ok_or_else(|| PluginError::internal("no decode state"))?;
+                let (grown, row) = step(next, held)?;
+                kv = Some(grown);
+                Ok(row)
             },
             sink,
         )?;
-        let (embedding, contextual) = if config.compute_embeddings {
-            let (e, c) = self.embeddings(&sampled.ids)?;
-            (Some(e.into()), Some(c.into()))
-        } else {
-            (None, None)
-        };
         Ok(GenerationRecord {
             text: sampled.text.into(),
             token_ids: sampled.ids.into(),
             logprobs: sampled.logprobs.into(),
-            embedding: embedding.into(),
-            contextual_embedding: contextual.into(),
-            prompt_tokens: item.prompt_len as u32,
+            embedding: None.into(),
+            contextual_embedding: None.into(),
+            prompt_tokens: prompt_len as u32,
             cached_prompt_tokens: reused as u32,
             finish_reason: sampled.finish,
         })
+    }
+
+    /// One decode step on its own: `token` after `kv`, the next token's logits.
+    fn decode_step(&self, token: u32, kv: &mut KvState) -> Result<Vec<f32>, PluginError> {
+        let out = weights::decoding(|| self.forward(&[token], kv, Logits::Last))?;
+        let logits = out
+            .logits
+            .ok_or_else(|| PluginError::internal("no logits"))?;
+        Ok(rows(&logits)?.pop().unwrap_or_default())
+    }
+
+    /// Fills in `record`'s static and contextual embeddings of its reply.
+    pub fn add_embeddings(&self, record: &mut GenerationRecord) -> Result<(), PluginError> {
+        let (e, c) = self.embeddings(&record.token_ids)?;
+        record.embedding = Some(e.into()).into();
+        record.contextual_embedding = Some(c.into()).into();
+        Ok(())
     }
 
     /// Static (mean input embedding) and contextual (mean final hidden state of the ids run on

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod audio_backend;
+pub mod batch;
 pub mod engine;
 pub mod kernels;
 pub mod kv;
@@ -120,10 +121,12 @@ impl Backend for Candle {
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
         config.validate()?;
-        let record = self.pool.install(|| match &self.model {
-            Model::Text(text) => text.generate(snapshot, config, sink),
+        let record = match &self.model {
+            Model::Text(text) => text.generate(snapshot, config, sink, &self.pool),
             Model::Speech(speech) => {
-                let record = speech.with(|audio| audio.generate(snapshot, config))?;
+                let record = self
+                    .pool
+                    .install(|| speech.with(|audio| audio.generate(snapshot, config)))?;
                 sink(&TokenDelta {
                     token_ids: record.token_ids.clone(),
                     logprobs: record.logprobs.clone(),
@@ -131,7 +134,7 @@ impl Backend for Candle {
                 });
                 Ok(record)
             }
-        })?;
+        }?;
         self.count(
             record.prompt_tokens,
             record.cached_prompt_tokens,
@@ -218,6 +221,15 @@ impl Candle {
     pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
         let text = self.text("a text engine")?;
         self.pool.install(|| text.engine())
+    }
+
+    /// Decode passes run and the decode steps they carried, over all generations so far: their
+    /// ratio is the mean batch size of continuous batching.
+    pub fn decode_passes(&self) -> (u64, u64) {
+        match &self.model {
+            Model::Text(text) => text.decode_passes(),
+            Model::Speech(_) => (0, 0),
+        }
     }
 
     /// The text model, or an error naming what a speech model does not offer.

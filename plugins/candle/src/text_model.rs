@@ -14,6 +14,7 @@ use lmhost_plugin_api::{
     TokenizeRecord,
 };
 
+use crate::batch::Batcher;
 use crate::engine::Engine;
 use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
@@ -27,6 +28,7 @@ pub struct TextModel {
     logger: Logger,
     engine: Mutex<Option<Arc<Engine>>>,
     cache: Mutex<CacheState>,
+    batcher: Batcher,
 }
 
 #[derive(Default)]
@@ -44,18 +46,30 @@ impl TextModel {
             logger,
             engine: Mutex::new(None),
             cache: Mutex::default(),
+            batcher: Batcher::default(),
         }
     }
 
+    /// The prompt runs with the prefix cache (held only for it); decode steps are batched
+    /// with the other generations running now. Compute runs on `pool`, waits off it.
     pub fn generate(
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+        pool: &rayon::ThreadPool,
     ) -> Result<GenerationRecord, PluginError> {
         self.refuse_audio(snapshot)?;
-        let engine = self.engine()?;
-        self.with_store(|store| engine.generate(snapshot, config, store, sink))
+        let engine = pool.install(|| self.engine())?;
+        let started = pool.install(|| self.with_store(|store| engine.start(snapshot, store)))?;
+        let model = &*engine.model;
+        let mut record = engine.finish(started, config, sink, &mut |token, kv| {
+            self.batcher.step(pool, model, token, kv)
+        })?;
+        if config.compute_embeddings {
+            pool.install(|| engine.add_embeddings(&mut record))?;
+        }
+        Ok(record)
     }
 
     /// Prompts run in packed passes (see [`crate::engine`]).
@@ -108,6 +122,11 @@ impl TextModel {
             self.warn_half_precision_cache(&mut cache);
         }
         Ok(())
+    }
+
+    /// Decode passes run and the steps they carried (see [`Batcher::counts`]).
+    pub fn decode_passes(&self) -> (u64, u64) {
+        self.batcher.counts()
     }
 
     /// Whether the prefix cache is on.

@@ -311,3 +311,49 @@ fn embeddings_come_from_the_input_and_a_paraphrase_is_closer() {
     assert!(paraphrase < 0.9999, "different texts, different vectors");
     assert!(paraphrase > unrelated, "{paraphrase} vs {unrelated}");
 }
+
+/// Concurrent generations share decode passes (continuous batching) and each gets the reply it
+/// gets alone.
+#[test]
+fn concurrent_generations_share_decode_passes_and_match_one_at_a_time() {
+    let b = open(json!({}));
+    let prompts = [
+        "What is the capital of France?",
+        "Name three colours.",
+        "What is 2 + 2?",
+        "Say hello in Spanish.",
+    ];
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let r = b.generate(&ConversationSnapshot::from_prompt(*p), &greedy(10));
+            r.unwrap().token_ids.to_vec()
+        })
+        .collect();
+    let (passes_before, steps_before) = b.decode_passes();
+    assert_eq!(
+        passes_before, steps_before,
+        "one at a time, one step per pass"
+    );
+    let together: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let b = &b;
+                s.spawn(move || {
+                    let r = b.generate(&ConversationSnapshot::from_prompt(*p), &greedy(10));
+                    r.unwrap().token_ids.to_vec()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+    let (passes, steps) = b.decode_passes();
+    let (passes, steps) = (passes - passes_before, steps - steps_before);
+    println!("{steps} decode steps in {passes} passes");
+    assert!(
+        passes < steps,
+        "{steps} steps in {passes} passes: none shared"
+    );
+}
