@@ -46,8 +46,12 @@ fn chunks_arrive_while_the_reply_is_still_being_generated() {
         .find_map(|e| content(&e))
         .expect("a content chunk");
     // The first word is here and the request is still running: it was not written at the end.
-    assert_eq!(metric(&server, "lmhost_queue_in_flight"), 1.0);
+    assert_eq!(metric(&server, "lmhost_requests_running"), 1.0);
     assert_eq!(metric(&server, "lmhost_completion_tokens_total"), 0.0);
+    assert_eq!(
+        metric(&server, "lmhost_time_to_first_token_seconds_count"),
+        1.0
+    );
     let mut text = first;
     let mut last = String::new();
     while let Some(event) = events.next_event() {
@@ -61,6 +65,16 @@ fn chunks_arrive_while_the_reply_is_still_being_generated() {
         plain["choices"][0]["message"]["content"].as_str().unwrap()
     );
     assert_eq!(text.split_whitespace().count(), 12);
+    // Two generations: two first tokens, and 11 gaps after each.
+    assert_eq!(
+        metric(&server, "lmhost_time_to_first_token_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(&server, "lmhost_inter_token_latency_seconds_count"),
+        22.0
+    );
+    assert_eq!(metric(&server, "lmhost_requests_waiting"), 0.0);
 }
 
 #[test]

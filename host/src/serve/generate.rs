@@ -5,12 +5,14 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lmhost_plugin_api::abi_stable::std_types::RString;
-use lmhost_plugin_api::{FinishReason, GenerationConfig, GenerationRecord, Message, Part, Role};
+use lmhost_plugin_api::{
+    FinishReason, GenerationConfig, GenerationRecord, Message, Part, Role, TokenDelta,
+};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::body::JsonBody;
@@ -214,15 +216,17 @@ async fn generate(
     let _cancel = CancelOnDrop(gone.clone());
     let deadline = Instant::now() + state.queue.timeout();
     let shared = state.clone();
+    let mut clock = TokenClock::new(state);
     state
         .queue
         .run(move || {
             let record = shared
                 .backend
-                .generate_stream(&snapshot, &config, move |_| {
+                .generate_stream(&snapshot, &config, move |delta| {
+                    clock.tick(delta);
                     !gone.load(Ordering::Relaxed) && Instant::now() < deadline
                 });
-            count_tokens(&shared, record)
+            count_tokens(&shared, record, deadline)
         })
         .await
         .map_err(|e| queue_error(state, e))?
@@ -241,16 +245,18 @@ fn stream_events(
     let deadline = Instant::now() + state.queue.timeout();
     tokio::spawn(async move {
         let (shared, deltas) = (state.clone(), events.clone());
+        let mut clock = TokenClock::new(&state);
         let outcome = state
             .queue
             .run(move || {
                 let record = shared
                     .backend
                     .generate_stream(&snapshot, &config, move |delta| {
+                        clock.tick(delta);
                         Instant::now() < deadline
                             && deltas.send(Event::Delta(delta.clone())).is_ok()
                     });
-                count_tokens(&shared, record)
+                count_tokens(&shared, record, deadline)
             })
             .await;
         let outcome = match outcome {
@@ -263,11 +269,53 @@ fn stream_events(
     receiver
 }
 
+/// Times a generation's tokens for the metrics: the first from the request's arrival, the
+/// rest from the token before (a delta of several tokens spreads its gap over them).
+struct TokenClock {
+    state: Arc<AppState>,
+    arrived: Instant,
+    last: Option<Instant>,
+}
+
+impl TokenClock {
+    fn new(state: &Arc<AppState>) -> Self {
+        TokenClock {
+            state: state.clone(),
+            arrived: Instant::now(),
+            last: None,
+        }
+    }
+
+    fn tick(&mut self, delta: &TokenDelta) {
+        let tokens = delta.token_ids.len() as u32;
+        if tokens == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let metrics = &self.state.metrics;
+        match self.last {
+            None => {
+                metrics.record_first_token(now - self.arrived);
+                for _ in 1..tokens {
+                    metrics.record_inter_token(Duration::ZERO);
+                }
+            }
+            Some(last) => {
+                for _ in 0..tokens {
+                    metrics.record_inter_token((now - last) / tokens);
+                }
+            }
+        }
+        self.last = Some(now);
+    }
+}
+
 /// Counts a generation's tokens where it ran, so a request that timed out or lost its client
-/// still shows what its backend call computed.
+/// still shows what its backend call computed; a generation its deadline stopped is a timeout.
 fn count_tokens(
     state: &AppState,
     record: crate::Result<GenerationRecord>,
+    deadline: Instant,
 ) -> Result<GenerationRecord, ApiError> {
     let record = record?;
     state.metrics.record_tokens(
@@ -275,6 +323,9 @@ fn count_tokens(
         record.token_ids.len() as u32,
         record.cached_prompt_tokens,
     );
+    if Instant::now() >= deadline {
+        return Err(ApiError::timeout(state.queue.timeout().as_secs_f64()));
+    }
     Ok(record)
 }
 

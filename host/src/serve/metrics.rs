@@ -1,6 +1,8 @@
-//! Prometheus text metrics: requests by route and status, tokens, prefix-cache use and a
-//! latency histogram. Counters are atomics or a small locked map, so recording never waits on a
-//! backend; prefix-cache figures come from the backend's own stats at scrape time.
+//! Prometheus text metrics: requests by route and status, tokens, prefix-cache use, running and
+//! waiting requests, and histograms of request latency, time to first token and inter-token
+//! latency. Counters are atomics or a small locked map, so recording never waits on a backend;
+//! prefix-cache figures come from the backend's own stats at scrape time (which backends answer
+//! without waiting for a running call).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -15,6 +17,42 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
+/// A cumulative histogram of durations over [`BUCKETS`].
+#[derive(Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    micros: AtomicU64,
+}
+
+impl Histogram {
+    fn record(&self, duration: Duration) {
+        let seconds = duration.as_secs_f64();
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.micros
+            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", load(bucket));
+        }
+        let count = load(&self.count);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {}\n{name}_count {count}",
+            load(&self.micros) as f64 / 1e6
+        );
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
@@ -22,9 +60,15 @@ pub struct Metrics {
     completion_tokens: AtomicU64,
     cached_prompt_tokens: AtomicU64,
     rejected: AtomicU64,
-    buckets: [AtomicU64; BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_micros: AtomicU64,
+    latency: Histogram,
+    first_token: Histogram,
+    inter_token: Histogram,
+}
+
+/// How many requests run on a worker and how many wait for one.
+pub struct Load {
+    pub running: usize,
+    pub waiting: usize,
 }
 
 impl Metrics {
@@ -32,15 +76,17 @@ impl Metrics {
         if let Ok(mut map) = self.requests.lock() {
             *map.entry((route.to_string(), status)).or_default() += 1;
         }
-        let seconds = latency.as_secs_f64();
-        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_micros
-            .fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+        self.latency.record(latency);
+    }
+
+    /// A request's first generated token, `elapsed` after the request arrived.
+    pub fn record_first_token(&self, elapsed: Duration) {
+        self.first_token.record(elapsed);
+    }
+
+    /// The time between two generated tokens of one request.
+    pub fn record_inter_token(&self, gap: Duration) {
+        self.inter_token.record(gap);
     }
 
     pub fn record_tokens(&self, prompt: u32, completion: u32, cached: u32) {
@@ -56,8 +102,8 @@ impl Metrics {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition text, with the backend's cache counters and the current queue length.
-    pub fn render(&self, stats: &BackendStats, in_flight: usize) -> String {
+    /// The exposition text, with the backend's cache counters and the queue's load.
+    pub fn render(&self, stats: &BackendStats, load_now: Load) -> String {
         let mut out = String::new();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         out.push_str("# HELP lmhost_requests_total HTTP requests by route and status.\n");
@@ -113,27 +159,44 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP lmhost_queue_in_flight Requests admitted and not finished.\n\
-             # TYPE lmhost_queue_in_flight gauge\nlmhost_queue_in_flight {in_flight}"
-        );
-        out.push_str("# HELP lmhost_request_duration_seconds Request latency.\n");
-        out.push_str("# TYPE lmhost_request_duration_seconds histogram\n");
-        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+        let Load { running, waiting } = load_now;
+        let gauges = [
+            (
+                "lmhost_queue_in_flight",
+                "Requests admitted and not finished.",
+                running + waiting,
+            ),
+            (
+                "lmhost_requests_running",
+                "Requests running on a worker.",
+                running,
+            ),
+            (
+                "lmhost_requests_waiting",
+                "Requests waiting for a worker.",
+                waiting,
+            ),
+        ];
+        for (name, help, value) in gauges {
             let _ = writeln!(
                 out,
-                "lmhost_request_duration_seconds_bucket{{le=\"{bound}\"}} {}",
-                load(bucket)
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
             );
         }
-        let count = load(&self.latency_count);
-        let _ = writeln!(
-            out,
-            "lmhost_request_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n\
-             lmhost_request_duration_seconds_sum {}\n\
-             lmhost_request_duration_seconds_count {count}",
-            load(&self.latency_micros) as f64 / 1e6
+        self.latency.render(
+            &mut out,
+            "lmhost_request_duration_seconds",
+            "Request latency.",
+        );
+        self.first_token.render(
+            &mut out,
+            "lmhost_time_to_first_token_seconds",
+            "From a generation request's arrival to its first token.",
+        );
+        self.inter_token.render(
+            &mut out,
+            "lmhost_inter_token_latency_seconds",
+            "Between consecutive tokens of one generation.",
         );
         out
     }
@@ -148,7 +211,14 @@ mod tests {
         let metrics = Metrics::default();
         metrics.record_request("/v1/chat/completions", 200, Duration::from_millis(3));
         metrics.record_request("/v1/chat/completions", 503, Duration::from_secs(20));
-        let text = metrics.render(&BackendStats::default(), 0);
+        metrics.record_first_token(Duration::from_millis(30));
+        let idle = Load {
+            running: 0,
+            waiting: 0,
+        };
+        let text = metrics.render(&BackendStats::default(), idle);
+        assert!(text.contains("lmhost_time_to_first_token_seconds_bucket{le=\"0.025\"} 0"));
+        assert!(text.contains("lmhost_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));
         assert!(
             text.contains("lmhost_requests_total{route=\"/v1/chat/completions\",status=\"503\"} 1")
         );

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::metrics::Load;
+
 /// Why a queued call produced no value.
 #[derive(Debug, PartialEq, Eq)]
 pub enum QueueError {
@@ -26,6 +28,7 @@ pub enum QueueError {
 
 pub struct Queue {
     workers: Arc<Semaphore>,
+    worker_count: usize,
     admitted: Arc<AtomicUsize>,
     capacity: usize,
     timeout: Duration,
@@ -45,6 +48,7 @@ impl Queue {
         let workers = workers.max(1);
         Queue {
             workers: Arc::new(Semaphore::new(workers)),
+            worker_count: workers,
             admitted: Arc::new(AtomicUsize::new(0)),
             capacity: workers + depth,
             timeout,
@@ -54,6 +58,16 @@ impl Queue {
     /// Requests admitted and not yet finished (running or waiting).
     pub fn in_flight(&self) -> usize {
         self.admitted.load(Ordering::SeqCst)
+    }
+
+    /// Requests running on a worker now, and those admitted and waiting for one.
+    pub fn load(&self) -> Load {
+        let admitted = self.in_flight();
+        let running = (self.worker_count - self.workers.available_permits()).min(admitted);
+        Load {
+            running,
+            waiting: admitted - running,
+        }
     }
 
     pub fn timeout(&self) -> Duration {

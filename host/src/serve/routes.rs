@@ -119,7 +119,7 @@ async fn metrics(State(state): Shared) -> Response {
     let stats = tokio::task::spawn_blocking(move || backend.stats())
         .await
         .unwrap_or_default();
-    let text = state.metrics.render(&stats, state.queue.in_flight());
+    let text = state.metrics.render(&stats, state.queue.load());
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -20,7 +20,7 @@ use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
 use crate::{attention, source};
-use lmhost_plugin_kit::prefix_cache::{PrefixCache, PrefixStore};
+use lmhost_plugin_kit::prefix_cache::{PrefixCache, PrefixCacheStats, PrefixStore};
 
 pub struct TextModel {
     model_id: String,
@@ -28,6 +28,8 @@ pub struct TextModel {
     logger: Logger,
     engine: Mutex<Option<Arc<Engine>>>,
     cache: Mutex<CacheState>,
+    /// The cache's counters as of the last call that used it (`None`: the cache is off).
+    published: Mutex<Option<PrefixCacheStats>>,
     batcher: Batcher,
 }
 
@@ -46,6 +48,7 @@ impl TextModel {
             logger,
             engine: Mutex::new(None),
             cache: Mutex::default(),
+            published: Mutex::default(),
             batcher: Batcher::default(),
         }
     }
@@ -121,6 +124,7 @@ impl TextModel {
         if settings.enabled {
             self.warn_half_precision_cache(&mut cache);
         }
+        self.publish(&cache);
         Ok(())
     }
 
@@ -131,13 +135,14 @@ impl TextModel {
 
     /// Whether the prefix cache is on.
     pub fn caching(&self) -> bool {
-        self.cache().store.is_some()
+        lock_or_reset(&self.published, |_| {}).is_some()
     }
 
     /// `counted` with the prefix cache's own counters over it, when the cache is on (a test
-    /// can hold them against the records).
+    /// can hold them against the records). Never waits for a running call (a server's
+    /// `/metrics` asks while requests run): the counters are those the last call left.
     pub fn stats(&self, counted: BackendStats) -> BackendStats {
-        match self.cache().store.as_ref().map(PrefixCache::stats) {
+        match *lock_or_reset(&self.published, |_| {}) {
             Some(cached) => cached.over(counted),
             None => counted,
         }
@@ -213,14 +218,20 @@ impl TextModel {
         let mut cache = self.cache();
         match cache.store.as_mut() {
             Some(store) => {
-                let store: &mut dyn PrefixStore<KvState> = store;
-                f(Some(store))
+                let out = f(Some(store as &mut dyn PrefixStore<KvState>));
+                self.publish(&cache);
+                out
             }
             None => {
                 drop(cache);
                 f(None)
             }
         }
+    }
+
+    /// Copies the cache's counters where `stats` reads them without waiting for the cache.
+    fn publish(&self, cache: &CacheState) {
+        *lock_or_reset(&self.published, |_| {}) = cache.store.as_ref().map(PrefixCache::stats);
     }
 
     /// Warns once that half-precision prefixes round differently from one forward pass (the

@@ -19,7 +19,7 @@ use lmhost_plugin_api::{
     GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
     ScoreRecord, TokenDelta, TokenizeRecord,
 };
-use lmhost_plugin_kit::prefix_cache::{self, PrefixCache, PrefixStore};
+use lmhost_plugin_kit::prefix_cache::{self, PrefixCache, PrefixCacheStats, PrefixStore};
 
 use crate::engine::Engine;
 use crate::options::Settings;
@@ -32,6 +32,8 @@ pub struct Onnx {
     engine: Mutex<Option<Arc<Engine>>>,
     /// The prefix cache when `[kv_cache]` turns it on.
     cache: Mutex<Option<PrefixCache<Past>>>,
+    /// The cache's counters as of the last call that used it (`None`: the cache is off).
+    published: Mutex<Option<PrefixCacheStats>>,
     counted: Mutex<BackendStats>,
 }
 
@@ -53,6 +55,7 @@ impl Backend for Onnx {
             settings,
             engine: Mutex::default(),
             cache: Mutex::default(),
+            published: Mutex::default(),
             counted: Mutex::default(),
         })
     }
@@ -138,20 +141,20 @@ impl Backend for Onnx {
     /// Also starts the token counts afresh.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
         *lock_or_reset(&self.counted, |_| {}) = BackendStats::default();
-        *lock_or_reset(&self.cache, |_| {}) = settings.enabled.then(|| {
+        let mut cache = lock_or_reset(&self.cache, |_| {});
+        *cache = settings.enabled.then(|| {
             let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
             PrefixCache::new(max_entries, settings.max_bytes)
         });
+        self.publish(&cache);
         Ok(())
     }
 
-    /// The token counts, with the prefix cache's own counters when it is on.
+    /// The token counts, with the prefix cache's own counters when it is on: those the last
+    /// call left, so this never waits for a running one.
     fn stats(&self) -> BackendStats {
         let counted = *lock_or_reset(&self.counted, |_| {});
-        match lock_or_reset(&self.cache, reset_cache)
-            .as_ref()
-            .map(PrefixCache::stats)
-        {
+        match *lock_or_reset(&self.published, |_| {}) {
             Some(cached) => cached.over(counted),
             None => counted,
         }
@@ -184,7 +187,11 @@ impl Onnx {
     ) -> Result<T, PluginError> {
         let mut cache = lock_or_reset(&self.cache, reset_cache);
         match cache.as_mut() {
-            Some(store) => f(Some(store)),
+            Some(store) => {
+                let out = f(Some(store));
+                self.publish(&cache);
+                out
+            }
             None => {
                 drop(cache);
                 f(None)
@@ -192,8 +199,13 @@ impl Onnx {
         }
     }
 
+    /// Copies the cache's counters where `stats` reads them without waiting for the cache.
+    fn publish(&self, cache: &Option<PrefixCache<Past>>) {
+        *lock_or_reset(&self.published, |_| {}) = cache.as_ref().map(PrefixCache::stats);
+    }
+
     fn count(&self, prompt: u32, cached: u32, generated: usize) {
-        let on = lock_or_reset(&self.cache, reset_cache).is_some();
+        let on = lock_or_reset(&self.published, |_| {}).is_some();
         prefix_cache::count(
             &mut lock_or_reset(&self.counted, |_| {}),
             on,
