@@ -112,3 +112,43 @@ fn a_request_past_its_time_stops_generating() {
         "generated {generated} of 60 words after the timeout"
     );
 }
+
+#[test]
+fn requests_beyond_the_servers_limits_get_400s_naming_them() {
+    let server = TestServer::start(&slow_mock(4, 0), |o| {
+        o.limits.max_tokens = 16;
+        o.limits.max_embedding_inputs = 2;
+        o.limits.max_embedding_bytes = 20;
+    });
+    let answer = post(&server.url("/v1/chat/completions"), &chat(17, false));
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    let error = &answer.json()["error"];
+    assert_eq!(error["param"], "max_tokens");
+    assert!(
+        error["message"].as_str().unwrap().contains("at most 16"),
+        "{error}"
+    );
+    assert_eq!(
+        post(&server.url("/v1/chat/completions"), &chat(16, false)).status,
+        200
+    );
+    let embeddings = server.url("/v1/embeddings");
+    for (input, limit) in [
+        (json!(["a", "b", "c"]), "at most 2 per request"),
+        (json!(["twenty-one bytes long"]), "at most 20 per request"),
+    ] {
+        let answer = post(
+            &embeddings,
+            &json!({"model": MODEL, "input": input}).to_string(),
+        );
+        assert_eq!(answer.status, 400, "{}", answer.body);
+        let error = &answer.json()["error"];
+        assert_eq!(error["param"], "input");
+        assert!(
+            error["message"].as_str().unwrap().contains(limit),
+            "{error}"
+        );
+    }
+    let fits = json!({"model": MODEL, "input": ["a", "b"]}).to_string();
+    assert_eq!(post(&embeddings, &fits).status, 200);
+}

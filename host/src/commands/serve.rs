@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lmhost::serve::{self, ServeOptions};
+use lmhost::serve::{self, Limits, ServeOptions, StopFlag};
 use lmhost::{Config, Error, Host, Result};
 
 use super::ConfigArg;
@@ -44,6 +44,23 @@ pub struct Args {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     body_limit: usize,
+
+    /// Most tokens one reply may ask for (`max_tokens`); more gets a 400.
+    #[arg(long, default_value_t = 4096)]
+    max_tokens: u32,
+
+    /// Most texts one /v1/embeddings request may hold.
+    #[arg(long, default_value_t = 256)]
+    max_embedding_inputs: usize,
+
+    /// Most bytes of text one /v1/embeddings request may hold.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_embedding_bytes: usize,
+
+    /// After SIGINT/SIGTERM, seconds to let running requests finish before their generations
+    /// are stopped (they then end early, as `length`).
+    #[arg(long, default_value_t = 30)]
+    grace_s: u64,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -69,7 +86,14 @@ pub fn run(args: &Args) -> Result<()> {
         request_timeout: Duration::from_secs(args.timeout_s),
         body_limit: args.body_limit,
         api_key,
+        limits: Limits {
+            max_tokens: args.max_tokens,
+            max_embedding_inputs: args.max_embedding_inputs,
+            max_embedding_bytes: args.max_embedding_bytes,
+        },
+        stop: StopFlag::default(),
     };
+    let (stop, grace) = (options.stop.clone(), Duration::from_secs(args.grace_s));
     let addr = SocketAddr::new(args.host, args.port);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -86,7 +110,15 @@ pub fn run(args: &Args) -> Result<()> {
             backend.plugin()
         );
         let app = serve::router(backend, config.generation.clone(), options);
-        serve::serve(listener, app, serve::shutdown_signal())
+        let shutdown = async move {
+            serve::shutdown_signal().await;
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                stop.stop();
+                tracing::warn!("grace period over: stopped the generations still running");
+            });
+        };
+        serve::serve(listener, app, shutdown)
             .await
             .map_err(|e| Error::Invalid(format!("server failed: {e}")))
     })

@@ -67,7 +67,7 @@ pub(super) async fn chat(
         seed: request.seed,
         stop: request.stop,
     }
-    .apply(&state.defaults)?;
+    .apply(&state)?;
     let stop = config.stop.first().map(|s| s.to_string());
     let (id, created, model) = (next_id(&state, "chatcmpl"), now(), state.model.clone());
     if request.stream.unwrap_or(false) {
@@ -167,7 +167,7 @@ pub(super) async fn completions(
         seed: request.seed,
         stop: request.stop,
     }
-    .apply(&state.defaults)?;
+    .apply(&state)?;
     let record = generate(&state, snapshot, config).await?;
     let logprobs = request.logprobs.map(|_| CompletionLogprobs {
         tokens: record
@@ -215,7 +215,7 @@ async fn generate(
     let gone = Arc::new(AtomicBool::new(false));
     let _cancel = CancelOnDrop(gone.clone());
     let deadline = Instant::now() + state.queue.timeout();
-    let shared = state.clone();
+    let (shared, watch) = (state.clone(), state.clone());
     let mut clock = TokenClock::new(state);
     state
         .queue
@@ -224,7 +224,7 @@ async fn generate(
                 .backend
                 .generate_stream(&snapshot, &config, move |delta| {
                     clock.tick(delta);
-                    !gone.load(Ordering::Relaxed) && Instant::now() < deadline
+                    !gone.load(Ordering::Relaxed) && watch.live(deadline)
                 });
             count_tokens(&shared, record, deadline)
         })
@@ -244,7 +244,7 @@ fn stream_events(
     let state = state.clone();
     let deadline = Instant::now() + state.queue.timeout();
     tokio::spawn(async move {
-        let (shared, deltas) = (state.clone(), events.clone());
+        let (shared, watch, deltas) = (state.clone(), state.clone(), events.clone());
         let mut clock = TokenClock::new(&state);
         let outcome = state
             .queue
@@ -253,8 +253,7 @@ fn stream_events(
                     .backend
                     .generate_stream(&snapshot, &config, move |delta| {
                         clock.tick(delta);
-                        Instant::now() < deadline
-                            && deltas.send(Event::Delta(delta.clone())).is_ok()
+                        watch.live(deadline) && deltas.send(Event::Delta(delta.clone())).is_ok()
                     });
                 count_tokens(&shared, record, deadline)
             })
@@ -394,14 +393,23 @@ struct Sampling {
 }
 
 impl Sampling {
-    /// `defaults` with the request's settings applied; errors name the request's field.
-    fn apply(self, defaults: &GenerationConfig) -> Result<GenerationConfig, ApiError> {
-        let mut config = defaults.clone();
+    /// The server's defaults with the request's settings applied; errors name the request's
+    /// field, or the server's limit it exceeds.
+    fn apply(self, state: &AppState) -> Result<GenerationConfig, ApiError> {
+        let mut config = state.defaults.clone();
+        let cap = state.limits.max_tokens;
+        config.max_new_tokens = config.max_new_tokens.min(cap);
         if let Some((field, n)) = self.max_tokens {
             if n == 0 {
                 return Err(ApiError::invalid(
                     field,
                     format!("`{field}` must be >= 1. Given: 0"),
+                ));
+            }
+            if n > cap {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` is at most {cap} on this server (--max-tokens). Given: {n}"),
                 ));
             }
             config.max_new_tokens = n;

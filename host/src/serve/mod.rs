@@ -22,7 +22,7 @@ pub mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +46,46 @@ pub struct ServeOptions {
     pub body_limit: usize,
     /// When set, every route but `/health` needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// What one request may ask for.
+    pub limits: Limits,
+    /// Stops every running generation at its next token when set (the end of a shutdown's
+    /// grace period).
+    pub stop: StopFlag,
+}
+
+/// Per-request bounds; a request beyond one gets a 400 naming it.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most tokens one reply may ask for (`max_tokens`); the config's default is capped too.
+    pub max_tokens: u32,
+    /// Most inputs in one `/v1/embeddings` request.
+    pub max_embedding_inputs: usize,
+    /// Most bytes of text in one `/v1/embeddings` request.
+    pub max_embedding_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_tokens: 4096,
+            max_embedding_inputs: 256,
+            max_embedding_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A flag shared by the server and whoever shuts it down.
+#[derive(Debug, Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl ServeOptions {
@@ -57,6 +97,8 @@ impl ServeOptions {
             request_timeout: Duration::from_secs(300),
             body_limit: 4 << 20,
             api_key: None,
+            limits: Limits::default(),
+            stop: StopFlag::default(),
         }
     }
 }
@@ -70,6 +112,16 @@ pub(crate) struct AppState {
     metrics: metrics::Metrics,
     api_key: Option<String>,
     next_id: AtomicU64,
+    limits: Limits,
+    stop: StopFlag,
+}
+
+impl AppState {
+    /// Whether a generation may go on: its request's time is not up and the server is not
+    /// cancelling what runs.
+    fn live(&self, deadline: std::time::Instant) -> bool {
+        !self.stop.is_set() && std::time::Instant::now() < deadline
+    }
 }
 
 /// The application: routes, auth, body limit and metrics, over `backend`.
@@ -87,6 +139,8 @@ pub fn router(backend: Arc<Backend>, defaults: GenerationConfig, options: ServeO
         metrics: metrics::Metrics::default(),
         api_key: options.api_key,
         next_id: AtomicU64::new(0),
+        limits: options.limits,
+        stop: options.stop,
     });
     routes::build(state, options.body_limit)
 }

@@ -142,6 +142,27 @@ async fn embeddings(
     if inputs.is_empty() {
         return Err(ApiError::invalid("input", "`input` is empty"));
     }
+    let limits = &state.limits;
+    if inputs.len() > limits.max_embedding_inputs {
+        return Err(ApiError::invalid(
+            "input",
+            format!(
+                "`input` holds {} texts; this server embeds at most {} per request",
+                inputs.len(),
+                limits.max_embedding_inputs
+            ),
+        ));
+    }
+    let bytes: usize = inputs.iter().map(String::len).sum();
+    if bytes > limits.max_embedding_bytes {
+        return Err(ApiError::invalid(
+            "input",
+            format!(
+                "`input` holds {bytes} bytes of text; this server embeds at most {} per request",
+                limits.max_embedding_bytes
+            ),
+        ));
+    }
     let backend = state.backend.clone();
     let records = state
         .queue
