@@ -124,9 +124,8 @@ impl Backend for Candle {
         let record = match &self.model {
             Model::Text(text) => text.generate(snapshot, config, sink, &self.pool),
             Model::Speech(speech) => {
-                let record = self
-                    .pool
-                    .install(|| speech.with(|audio| audio.generate(snapshot, config)))?;
+                let record =
+                    speech.with(|audio| self.pool.install(|| audio.generate(snapshot, config)))?;
                 sink(&TokenDelta {
                     token_ids: record.token_ids.clone(),
                     logprobs: record.logprobs.clone(),
@@ -162,15 +161,17 @@ impl Backend for Candle {
         if snapshots.is_empty() {
             return Ok(Vec::new()); // without loading the model
         }
-        let records = self.pool.install(|| match &self.model {
-            Model::Text(text) => text.score_batch(snapshots, reply),
+        let records = match &self.model {
+            Model::Text(text) => text.score_batch(snapshots, reply, &self.pool),
             Model::Speech(speech) => speech.with(|audio| {
-                snapshots
-                    .iter()
-                    .map(|snapshot| audio.score(snapshot, reply))
-                    .collect()
+                self.pool.install(|| {
+                    snapshots
+                        .iter()
+                        .map(|snapshot| audio.score(snapshot, reply))
+                        .collect()
+                })
             }),
-        })?;
+        }?;
         for record in &records {
             self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
         }
@@ -183,18 +184,18 @@ impl Backend for Candle {
         add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
         let text = self.text("tokenize")?;
-        self.pool.install(|| text.tokenize(snapshot, add_special))
+        text.tokenize(snapshot, add_special, &self.pool)
     }
 
     fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
         let text = self.text("detokenize")?;
-        self.pool.install(|| text.detokenize(ids))
+        text.detokenize(ids, &self.pool)
     }
 
     /// Mean-pooled final hidden states of each text (text models).
     fn embed(&self, texts: &[String]) -> Result<Vec<EmbeddingRecord>, PluginError> {
         let text = self.text("embed")?;
-        self.pool.install(|| text.embed(texts))
+        text.embed(texts, &self.pool)
     }
 
     /// Also starts the token counts afresh. Audio prompts are not token prefixes: a speech
@@ -220,7 +221,7 @@ impl Candle {
     /// The text model's engine, loading the model on first use; refused for a speech model.
     pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
         let text = self.text("a text engine")?;
-        self.pool.install(|| text.engine())
+        text.engine(&self.pool)
     }
 
     /// Decode passes run and the decode steps they carried, over all generations so far: their

@@ -54,7 +54,11 @@ impl TextModel {
     }
 
     /// The prompt runs with the prefix cache (held only for it); decode steps are batched
-    /// with the other generations running now. Compute runs on `pool`, waits off it.
+    /// with the other generations running now.
+    ///
+    /// Every method here takes its locks before handing compute to `pool`, never inside it: a
+    /// pool thread waiting in a parallel op runs other queued pool jobs, so a job that blocked
+    /// on a lock its own thread holds further down the stack would never wake.
     pub fn generate(
         &self,
         snapshot: &ConversationSnapshot,
@@ -63,8 +67,8 @@ impl TextModel {
         pool: &rayon::ThreadPool,
     ) -> Result<GenerationRecord, PluginError> {
         self.refuse_audio(snapshot)?;
-        let engine = pool.install(|| self.engine())?;
-        let started = pool.install(|| self.with_store(|store| engine.start(snapshot, store)))?;
+        let engine = self.engine(pool)?;
+        let started = self.with_store(|store| pool.install(|| engine.start(snapshot, store)))?;
         let model = &*engine.model;
         let mut record = engine.finish(started, config, sink, &mut |token, kv| {
             self.batcher.step(pool, model, token, kv)
@@ -80,33 +84,39 @@ impl TextModel {
         &self,
         snapshots: &[ConversationSnapshot],
         reply: &str,
+        pool: &rayon::ThreadPool,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         snapshots
             .iter()
             .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
-        let engine = self.engine()?;
-        self.with_store(|store| engine.score_batch(snapshots, reply, store))
+        let engine = self.engine(pool)?;
+        self.with_store(|store| pool.install(|| engine.score_batch(snapshots, reply, store)))
     }
 
     pub fn tokenize(
         &self,
         snapshot: &ConversationSnapshot,
         add_special: bool,
+        pool: &rayon::ThreadPool,
     ) -> Result<TokenizeRecord, PluginError> {
         self.refuse_audio(snapshot)?;
-        self.engine()?.front.tokenize(snapshot, add_special)
+        self.engine(pool)?.front.tokenize(snapshot, add_special)
     }
 
-    pub fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
-        self.engine()?.front.detokenize(ids)
+    pub fn detokenize(&self, ids: &[u32], pool: &rayon::ThreadPool) -> Result<String, PluginError> {
+        self.engine(pool)?.front.detokenize(ids)
     }
 
-    pub fn embed(&self, texts: &[String]) -> Result<Vec<EmbeddingRecord>, PluginError> {
-        let engine = self.engine()?;
+    pub fn embed(
+        &self,
+        texts: &[String],
+        pool: &rayon::ThreadPool,
+    ) -> Result<Vec<EmbeddingRecord>, PluginError> {
+        let engine = self.engine(pool)?;
         texts
             .iter()
             .map(|text| {
-                let (embedding, tokens) = engine.embed(text)?;
+                let (embedding, tokens) = pool.install(|| engine.embed(text))?;
                 Ok(EmbeddingRecord {
                     embedding: embedding.into(),
                     prompt_tokens: tokens as u32,
@@ -148,14 +158,15 @@ impl TextModel {
         }
     }
 
-    /// The engine, loading the model on first use (once: the lock is held while loading).
-    pub fn engine(&self) -> Result<Arc<Engine>, PluginError> {
+    /// The engine, loading the model on `pool` on first use (once: the lock is held while
+    /// loading).
+    pub fn engine(&self, pool: &rayon::ThreadPool) -> Result<Arc<Engine>, PluginError> {
         // A panic while loading leaves the slot empty: loading again is safe.
         let mut slot = lock_or_reset(&self.engine, |_| {});
         if let Some(engine) = slot.as_ref() {
             return Ok(engine.clone());
         }
-        let engine = Arc::new(self.load()?);
+        let engine = Arc::new(pool.install(|| self.load())?);
         *slot = Some(engine.clone());
         Ok(engine)
     }

@@ -313,10 +313,17 @@ fn embeddings_come_from_the_input_and_a_paraphrase_is_closer() {
 }
 
 /// Concurrent generations share decode passes (continuous batching) and each gets the reply it
-/// gets alone.
+/// gets alone, with the prefix cache on (its lock is taken outside the compute pool: inside,
+/// a pool thread waiting in a parallel op could run another call that blocks on it for good).
 #[test]
 fn concurrent_generations_share_decode_passes_and_match_one_at_a_time() {
     let b = open(json!({}));
+    b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
+        enabled: true,
+        max_entries: 64,
+        max_bytes: 0,
+    })
+    .unwrap();
     let prompts = [
         "What is the capital of France?",
         "Name three colours.",
