@@ -526,3 +526,45 @@ fn sglang_scores_through_native_generate_from_the_prompt_length() {
     assert_eq!(body["text"], "<user>hi<assistant>yes no");
     assert_eq!(body["return_logprob"], true);
 }
+
+/// A chat streams through the server's own event stream, delta by delta, and a sink that says
+/// stop drops the connection, so the server stops generating too.
+#[test]
+fn chat_relays_the_servers_event_stream_and_stops_it_when_told() {
+    let upstream = TestServer::start(
+        &format!(
+            "[backend]\nkind = \"mock\"\nmodel_id = \"{MODEL}\"\n\
+             [backend.options]\nreply_words = 30\ntoken_latency_ms = 20\n"
+        ),
+        |_| {},
+    );
+    let backend = open(&openai_config(&upstream.url("/v1"), ""));
+    let snapshot = ConversationSnapshot::from_prompt("one two three four");
+    let config = GenerationConfig {
+        max_new_tokens: 30,
+        ..GenerationConfig::default()
+    };
+    let mut deltas = Vec::new();
+    let record = backend
+        .generate_stream(&snapshot, &config, |d| {
+            deltas.push(d.text.to_string());
+            true
+        })
+        .unwrap();
+    assert_eq!(deltas.iter().filter(|d| !d.is_empty()).count(), 30, "{deltas:?}");
+    assert_eq!(deltas.concat(), record.text.as_str());
+    assert_eq!(record.token_ids.len(), 30);
+    assert_eq!(backend.generate(&snapshot, &config).unwrap().text, record.text);
+    let mut seen = 0;
+    let cut = backend
+        .generate_stream(&snapshot, &config, |d| {
+            seen += usize::from(!d.text.is_empty());
+            seen < 3
+        })
+        .unwrap();
+    assert_eq!(cut.finish_reason, lmhost_plugin_api::FinishReason::Length);
+    assert!(cut.token_ids.len() < 30, "{} tokens", cut.token_ids.len());
+    common::wait_until_idle(&upstream);
+    let generated = common::metric(&upstream, "lmhost_completion_tokens_total");
+    assert!(generated < 90.0, "the server went on generating: {generated} of 90 words");
+}

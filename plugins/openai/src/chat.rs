@@ -4,7 +4,7 @@
 
 use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError,
+    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError, TokenDelta,
 };
 
 use crate::flavor::Flavor;
@@ -92,6 +92,62 @@ pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError
         cached_prompt_tokens: count("/prompt_tokens_details/cached_tokens"),
         finish_reason,
     })
+}
+
+/// A streamed chat reply put together from its chunks (`stream: true` with usage).
+#[derive(Default)]
+pub struct Streamed {
+    text: String,
+    token_ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    finish: Option<FinishReason>,
+    prompt_tokens: u32,
+    cached_prompt_tokens: u32,
+}
+
+impl Streamed {
+    /// Takes one chunk; returns the tokens and text it adds.
+    pub fn take(&mut self, chunk: &Value) -> TokenDelta {
+        let mut delta = TokenDelta::default();
+        if let Some(choice) = chunk.pointer("/choices/0") {
+            let text = choice.pointer("/delta/content").and_then(Value::as_str);
+            delta.text = text.unwrap_or_default().into();
+            if let Some(Value::Array(tokens)) = choice.pointer("/logprobs/content") {
+                for token in tokens {
+                    let logprob = token.get("logprob").and_then(Value::as_f64);
+                    delta.logprobs.push(logprob.unwrap_or(f64::NAN) as f32);
+                    delta.token_ids.push(token_id(token.get("token")));
+                }
+            }
+            if choice.get("finish_reason").is_some_and(Value::is_string) {
+                self.finish = Some(finish_reason(choice));
+            }
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            let count = |pointer: &str| usage.pointer(pointer).and_then(Value::as_u64);
+            self.prompt_tokens = count("/prompt_tokens").unwrap_or(0) as u32;
+            self.cached_prompt_tokens =
+                count("/prompt_tokens_details/cached_tokens").unwrap_or(0) as u32;
+        }
+        self.text.push_str(&delta.text);
+        self.token_ids.extend(delta.token_ids.iter());
+        self.logprobs.extend(delta.logprobs.iter());
+        delta
+    }
+
+    /// The reply so far; a stream that ended without a finish reason was cut short.
+    pub fn record(self) -> GenerationRecord {
+        GenerationRecord {
+            text: self.text.into(),
+            token_ids: self.token_ids.into(),
+            logprobs: self.logprobs.into(),
+            embedding: None.into(),
+            contextual_embedding: None.into(),
+            prompt_tokens: self.prompt_tokens,
+            cached_prompt_tokens: self.cached_prompt_tokens,
+            finish_reason: self.finish.unwrap_or(FinishReason::Length),
+        }
+    }
 }
 
 /// Why a choice ended; vLLM and lmhost say which stop string ended generation (a stop token

@@ -83,6 +83,64 @@ impl Client {
         })
     }
 
+    /// `POST {base_url}{path}` asking for server-sent events: each event's JSON goes to
+    /// `event` as it arrives, until `[DONE]` or `event` answers `false` (then the connection is
+    /// dropped, which makes the server stop). Retries as [`Client::post`] until the events
+    /// start; a stream cut off midway is an error.
+    pub fn post_events(
+        &self,
+        path: &str,
+        body: &Value,
+        mut event: impl FnMut(&Value) -> bool,
+    ) -> Result<(), PluginError> {
+        let url = format!("{}{path}", self.config.base_url);
+        let _slot = self.slots.acquire();
+        let mut attempt = 0;
+        let response = loop {
+            let failure = match self.authorize(self.agent.post(&url)).send_json(body) {
+                Ok(response) if response.status().is_success() => break response,
+                Ok(response) => match read(&url, response) {
+                    Ok(_) => unreachable_success(&url),
+                    Err(failure) => failure,
+                },
+                Err(error) => transport_failure(&url, error, self.config.timeout),
+            };
+            if !failure.retryable || attempt >= self.config.max_retries {
+                return Err(failure.error);
+            }
+            sleep(backoff(self.config.backoff, attempt, failure.retry_after));
+            attempt += 1;
+        };
+        let lines =
+            std::io::BufRead::lines(std::io::BufReader::new(response.into_body().into_reader()));
+        for line in lines {
+            let line = line.map_err(|e| {
+                PluginError::unavailable(format!("the event stream of {url} broke off: {e}"))
+            })?;
+            let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+                continue;
+            };
+            if data == "[DONE]" {
+                return Ok(());
+            }
+            let value: Value = lmhost_plugin_api::serde_json::from_str(data).map_err(|e| {
+                PluginError::unavailable(format!(
+                    "{url} sent an event that is not JSON ({e}): {}",
+                    excerpt(data)
+                ))
+            })?;
+            if let Some(message) = value.pointer("/error/message") {
+                return Err(PluginError::unavailable(format!(
+                    "{url} failed midway through its stream: {message}"
+                )));
+            }
+            if !event(&value) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     /// `GET` of a full URL; the JSON answer.
     pub fn get(&self, url: &str) -> Result<Value, PluginError> {
         self.send(url, || self.authorize(self.agent.get(url)).call())
@@ -124,6 +182,16 @@ impl Client {
             sleep(delay);
             attempt += 1;
         }
+    }
+}
+
+/// A 2xx answer that `read` was handed as a failure: it cannot happen (success breaks out
+/// first), so it reads as a server fault rather than a panic.
+fn unreachable_success(url: &str) -> Failure {
+    Failure {
+        error: PluginError::unavailable(format!("{url} answered in an unexpected way")),
+        retryable: false,
+        retry_after: None,
     }
 }
 

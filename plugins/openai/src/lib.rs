@@ -29,7 +29,7 @@ use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{
     export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
     GenerationRecord, Logger, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord,
-    TokenizeRecord,
+    TokenDelta, TokenizeRecord,
 };
 use lmhost_plugin_kit::prompt::PromptFormat;
 use lmhost_plugin_kit::template::ChatTemplate;
@@ -215,13 +215,35 @@ impl Backend for OpenAi {
             let url = format!("{}/chat/completions", self.client.base_url());
             chat::record(&answer, &url)?
         };
-        let record = self.with_token_ids(record);
-        self.account(
-            record.prompt_tokens,
-            record.cached_prompt_tokens,
-            record.token_ids.len(),
-        );
-        Ok(record)
+        Ok(self.finish(record))
+    }
+
+    /// A chat relays the server's own event stream, delta by delta (a sink's `false` drops the
+    /// connection, so the server stops too); raw text completes whole, then hands over.
+    fn generate_stream(
+        &self,
+        snapshot: &ConversationSnapshot,
+        config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+    ) -> Result<GenerationRecord, PluginError> {
+        if snapshot.is_raw() || snapshot.has_audio() {
+            let record = self.generate(snapshot, config)?;
+            sink(&TokenDelta {
+                token_ids: record.token_ids.clone(),
+                logprobs: record.logprobs.clone(),
+                text: record.text.clone(),
+            });
+            return Ok(record);
+        }
+        let mut body = chat::request(&self.model, self.flavor, snapshot, config);
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let mut streamed = chat::Streamed::default();
+        self.client
+            .post_events("/chat/completions", &body, |chunk| {
+                sink(&streamed.take(chunk))
+            })?;
+        Ok(self.finish(streamed.record()))
     }
 
     fn score(
@@ -357,6 +379,17 @@ impl OpenAi {
     }
 
     /// Counts the server's prefix-cache use as reported per request.
+    /// A reply's ids filled in where the server gave only text, and its tokens counted.
+    fn finish(&self, record: GenerationRecord) -> GenerationRecord {
+        let record = self.with_token_ids(record);
+        self.account(
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            record.token_ids.len(),
+        );
+        record
+    }
+
     fn account(&self, prompt: u32, cached: u32, generated: usize) {
         if let Ok(mut stats) = self.stats.lock() {
             stats.prompt_tokens += u64::from(prompt);
