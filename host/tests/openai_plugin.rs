@@ -551,10 +551,17 @@ fn chat_relays_the_servers_event_stream_and_stops_it_when_told() {
             true
         })
         .unwrap();
-    assert_eq!(deltas.iter().filter(|d| !d.is_empty()).count(), 30, "{deltas:?}");
+    assert_eq!(
+        deltas.iter().filter(|d| !d.is_empty()).count(),
+        30,
+        "{deltas:?}"
+    );
     assert_eq!(deltas.concat(), record.text.as_str());
     assert_eq!(record.token_ids.len(), 30);
-    assert_eq!(backend.generate(&snapshot, &config).unwrap().text, record.text);
+    assert_eq!(
+        backend.generate(&snapshot, &config).unwrap().text,
+        record.text
+    );
     let mut seen = 0;
     let cut = backend
         .generate_stream(&snapshot, &config, |d| {
@@ -566,5 +573,8 @@ fn chat_relays_the_servers_event_stream_and_stops_it_when_told() {
     assert!(cut.token_ids.len() < 30, "{} tokens", cut.token_ids.len());
     common::wait_until_idle(&upstream);
     let generated = common::metric(&upstream, "lmhost_completion_tokens_total");
-    assert!(generated < 90.0, "the server went on generating: {generated} of 90 words");
+    assert!(
+        generated < 90.0,
+        "the server went on generating: {generated} of 90 words"
+    );
 }

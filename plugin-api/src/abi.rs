@@ -113,11 +113,7 @@ pub trait GenerationBackend: Send + Sync {
             RResult::ROk(record) => record,
             err => return err,
         };
-        sink.token(&TokenDelta {
-            token_ids: record.token_ids.clone(),
-            logprobs: record.logprobs.clone(),
-            text: record.text.clone(),
-        });
+        sink.token(&TokenDelta::from(&record));
         RResult::ROk(record)
     }
 }

@@ -107,11 +107,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
         let record = self.generate(snapshot, config)?;
-        sink(&TokenDelta {
-            token_ids: record.token_ids.clone(),
-            logprobs: record.logprobs.clone(),
-            text: record.text.clone(),
-        });
+        sink(&TokenDelta::from(&record));
         Ok(record)
     }
 

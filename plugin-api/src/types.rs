@@ -295,6 +295,17 @@ pub struct TokenDelta {
     pub text: RString,
 }
 
+impl From<&GenerationRecord> for TokenDelta {
+    /// A whole reply as one delta: how a backend that does not stream hands it over.
+    fn from(record: &GenerationRecord) -> Self {
+        TokenDelta {
+            token_ids: record.token_ids.clone(),
+            logprobs: record.logprobs.clone(),
+            text: record.text.clone(),
+        }
+    }
+}
+
 /// What `generate` returns.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,8 @@
 //! their models behind one, so a prompt, a score and a stop mean the same on either.
 
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, PluginError, TokenDelta, TokenizeRecord,
+    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError,
+    TokenDelta, TokenizeRecord,
 };
 
 use crate::prompt::PromptFormat;
@@ -35,6 +36,23 @@ pub struct Sampled {
 pub struct Scoring {
     pub prompt: Vec<u32>,
     pub reply: Vec<u32>,
+}
+
+impl Sampled {
+    /// The generation record of this reply after a prompt of `prompt_tokens`, `cached` of them
+    /// reused (no embeddings).
+    pub fn record(self, prompt_tokens: usize, cached: usize) -> GenerationRecord {
+        GenerationRecord {
+            text: self.text.into(),
+            token_ids: self.ids.into(),
+            logprobs: self.logprobs.into(),
+            embedding: None.into(),
+            contextual_embedding: None.into(),
+            prompt_tokens: prompt_tokens as u32,
+            cached_prompt_tokens: cached as u32,
+            finish_reason: self.finish,
+        }
+    }
 }
 
 /// The ids a reply is scored as: on its own after a chat template's turn marker, and as a

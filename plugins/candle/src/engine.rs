@@ -373,16 +373,7 @@ impl Engine {
             },
             sink,
         )?;
-        Ok(GenerationRecord {
-            text: sampled.text.into(),
-            token_ids: sampled.ids.into(),
-            logprobs: sampled.logprobs.into(),
-            embedding: None.into(),
-            contextual_embedding: None.into(),
-            prompt_tokens: prompt_len as u32,
-            cached_prompt_tokens: reused as u32,
-            finish_reason: sampled.finish,
-        })
+        Ok(sampled.record(prompt_len, reused))
     }
 
     /// One decode step on its own: `token` after `kv`, the next token's logits.

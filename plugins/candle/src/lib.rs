@@ -126,11 +126,7 @@ impl Backend for Candle {
             Model::Speech(speech) => {
                 let record =
                     speech.with(|audio| self.pool.install(|| audio.generate(snapshot, config)))?;
-                sink(&TokenDelta {
-                    token_ids: record.token_ids.clone(),
-                    logprobs: record.logprobs.clone(),
-                    text: record.text.clone(),
-                });
+                sink(&TokenDelta::from(&record));
                 Ok(record)
             }
         }?;

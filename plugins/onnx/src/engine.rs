@@ -359,16 +359,7 @@ impl Engine {
             },
             sink,
         )?;
-        Ok(GenerationRecord {
-            text: sampled.text.into(),
-            token_ids: sampled.ids.into(),
-            logprobs: sampled.logprobs.into(),
-            embedding: None.into(),
-            contextual_embedding: None.into(),
-            prompt_tokens: prompt.len() as u32,
-            cached_prompt_tokens: reused as u32,
-            finish_reason: sampled.finish,
-        })
+        Ok(sampled.record(prompt.len(), reused))
     }
 
     /// Teacher-forced log-probabilities of `reply` after each prompt, each from its longest

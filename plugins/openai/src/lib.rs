@@ -228,11 +228,7 @@ impl Backend for OpenAi {
     ) -> Result<GenerationRecord, PluginError> {
         if snapshot.is_raw() || snapshot.has_audio() {
             let record = self.generate(snapshot, config)?;
-            sink(&TokenDelta {
-                token_ids: record.token_ids.clone(),
-                logprobs: record.logprobs.clone(),
-                text: record.text.clone(),
-            });
+            sink(&TokenDelta::from(&record));
             return Ok(record);
         }
         let mut body = chat::request(&self.model, self.flavor, snapshot, config);
