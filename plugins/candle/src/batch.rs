@@ -9,6 +9,7 @@
 //! its own: the callers take turns leading.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use lmhost_plugin_api::{lock_or_reset, PluginError};
@@ -71,11 +72,17 @@ impl Batcher {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 continue;
             }
-            // Lead: run everything queued (this step among it) as one pass.
+            // Lead: run everything queued (this step among it) as one pass. A pass that panics
+            // fails its steps, and batching goes on.
             steps.running = true;
             let batch = std::mem::take(&mut steps.queued);
             drop(steps);
-            let results = pool.install(|| run(model, batch));
+            let ids: Vec<u64> = batch.iter().map(|s| s.id).collect();
+            let pass = AssertUnwindSafe(|| pool.install(|| run(model, batch)));
+            let results = catch_unwind(pass).unwrap_or_else(|_| {
+                let failed = || Err(PluginError::internal("a decode pass panicked"));
+                ids.into_iter().map(|id| (id, failed())).collect()
+            });
             steps = self.lock();
             steps.passes += 1;
             steps.stepped += results.len() as u64;
@@ -91,8 +98,8 @@ impl Batcher {
         (steps.passes, steps.stepped)
     }
 
-    /// A leader that panicked mid-pass leaves its batch unanswered; those callers' steps fail
-    /// rather than wait forever, and batching goes on.
+    /// The queue; should a panic ever poison it, the steps queued fail rather than wait
+    /// forever, and batching goes on.
     fn lock(&self) -> MutexGuard<'_, Steps> {
         lock_or_reset(&self.steps, |steps| {
             steps.running = false;

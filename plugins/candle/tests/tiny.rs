@@ -430,6 +430,9 @@ fn a_packed_pass_matches_each_sequence_run_alone() {
 struct Panicky;
 
 static PANIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static PANIC_DECODING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The flags are global: the tests that set them run one at a time.
+static PANICKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl lmhost_candle::attention::Attention for Panicky {
     fn forward(
@@ -443,6 +446,11 @@ impl lmhost_candle::attention::Attention for Panicky {
             !PANIC.load(std::sync::atomic::Ordering::SeqCst),
             "attention asked to panic"
         );
+        let decoding = q.dim(2)? == 1;
+        assert!(
+            !(decoding && PANIC_DECODING.load(std::sync::atomic::Ordering::SeqCst)),
+            "attention asked to panic in a decode step"
+        );
         lmhost_candle::attention::Eager::default().forward(q, k, v, p)
     }
 }
@@ -452,6 +460,9 @@ impl lmhost_candle::attention::Attention for Panicky {
 /// cache emptied and used again.
 #[test]
 fn a_panic_holding_the_cache_lock_does_not_disable_the_backend() {
+    let _one_at_a_time = PANICKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().unwrap();
     let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
     lmhost_candle::attention::register("panicky", std::sync::Arc::new(Panicky));
@@ -475,4 +486,29 @@ fn a_panic_holding_the_cache_lock_does_not_disable_the_backend() {
     assert_eq!(after.cached_prompt_tokens, 0, "the cache was emptied");
     let again = b.generate(&prompt(), &greedy(4)).unwrap();
     assert!(again.cached_prompt_tokens > 0, "and is used again");
+}
+
+/// A decode pass that panics fails its generation with an error, and the next generations
+/// still batch their steps (no caller is left waiting for a pass that died).
+#[test]
+fn a_panicking_decode_pass_fails_its_generation_and_batching_goes_on() {
+    let _one_at_a_time = PANICKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    lmhost_candle::attention::register("panicky", std::sync::Arc::new(Panicky));
+    let b = backend(&path, json!({ "attn_implementation": "panicky" }));
+    let before = b.generate(&prompt(), &greedy(4)).unwrap();
+    PANIC_DECODING.store(true, std::sync::atomic::Ordering::SeqCst);
+    let failed = b.generate(&prompt(), &greedy(4));
+    PANIC_DECODING.store(false, std::sync::atomic::Ordering::SeqCst);
+    let err = failed.expect_err("the decode pass panicked");
+    assert!(
+        err.message.contains("decode pass panicked"),
+        "{}",
+        err.message
+    );
+    let after = b.generate(&prompt(), &greedy(4)).unwrap();
+    assert_eq!(after.token_ids, before.token_ids);
 }
