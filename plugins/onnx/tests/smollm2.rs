@@ -1,7 +1,7 @@
 //! The onnx backend on SmolLM2-135M-Instruct exported to ONNX (`scripts/setup-onnx` writes it
-//! from the packaged GGUF, dequantized to f32). Its agreement with candle on the same weights is
-//! tested through the plugin libraries (`host/tests/onnx.rs`): two plugin crates cannot be
-//! linked into one test binary.
+//! from the packaged GGUF, dequantized to f32). Two plugin crates cannot be linked into one test
+//! binary, so candle's logits come from its `logits` example, and the rest of the agreement
+//! with candle is tested through the plugin libraries (`host/tests/onnx.rs`).
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -76,6 +76,65 @@ fn greedy(n: u32) -> GenerationConfig {
         max_new_tokens: n,
         ..GenerationConfig::default()
     }
+}
+
+/// candle's `logits` example, built beside this test by `cargo build --workspace --all-targets`.
+fn candle_logits(ids: &[u32]) -> Vec<Vec<f32>> {
+    let target = std::env::current_exe().unwrap();
+    let program = target
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/logits");
+    assert!(
+        program.is_file(),
+        "{} is missing: build with `cargo build --workspace --all-targets`",
+        program.display()
+    );
+    let gguf = require(repo().join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let out = std::process::Command::new(program)
+        .arg(gguf)
+        .arg(list.join(","))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lmhost_plugin_api::serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Two runtimes over the same f32 weights: every logit of every position within 1e-3 of
+/// candle's.
+#[test]
+fn logits_match_candles_f32_path() {
+    let engine = onnx().engine().unwrap();
+    let snapshot = chat(&[
+        ("system", "Answer briefly."),
+        (
+            "user",
+            "The museum opens at 9 am on Saturdays. When does it open?",
+        ),
+    ]);
+    let ids = onnx().tokenize(&snapshot, true).unwrap().token_ids.to_vec();
+    let ours = engine.logits_all(&ids).unwrap();
+    let theirs = candle_logits(&ids);
+    assert_eq!((ours.len(), ours[0].len()), (theirs.len(), theirs[0].len()));
+    let diff = ours
+        .iter()
+        .flatten()
+        .zip(theirs.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!(
+        "max |onnx - candle| over {} positions x {} logits: {diff:e}",
+        ids.len(),
+        ours[0].len()
+    );
+    assert!(diff < 1e-3, "{diff}");
 }
 
 #[test]
