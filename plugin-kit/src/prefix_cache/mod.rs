@@ -29,7 +29,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use lmhost_plugin_api::BackendStats;
+use std::sync::Mutex;
+
+use lmhost_plugin_api::{lock_or_reset, BackendStats, KvCacheSettings};
 
 /// The computed state (keys and values of every layer) of consecutive positions, as a backend
 /// holds it. A segment is a snapshot: growing a clone or a prefix of it never changes it.
@@ -96,6 +98,72 @@ impl PrefixCacheStats {
             kv_cache_bytes: self.bytes,
             ..counted
         }
+    }
+}
+
+/// A backend's prefix cache as its calls share it: on or off as `[kv_cache]` says, held by one
+/// call at a time, and its counters readable without waiting for that call (a server's
+/// `/metrics` asks while requests run).
+pub struct SharedCache<S> {
+    cache: Mutex<Option<PrefixCache<S>>>,
+    /// The counters as of the last call that used the cache (`None`: the cache is off).
+    published: Mutex<Option<PrefixCacheStats>>,
+}
+
+impl<S> Default for SharedCache<S> {
+    fn default() -> Self {
+        SharedCache {
+            cache: Mutex::new(None),
+            published: Mutex::new(None),
+        }
+    }
+}
+
+impl<S: Segment> SharedCache<S> {
+    /// Turns the cache on afresh (empty) or off.
+    pub fn set(&self, settings: KvCacheSettings) {
+        let mut cache = self.lock();
+        *cache = settings.enabled.then(|| {
+            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
+            PrefixCache::new(max_entries, settings.max_bytes)
+        });
+        self.publish(&cache);
+    }
+
+    /// Runs `f` with the store, if the cache is on. The cache is held for the call, so cached
+    /// calls run one at a time; uncached calls run concurrently.
+    pub fn with_store<T>(&self, f: impl FnOnce(Option<&mut dyn PrefixStore<S>>) -> T) -> T {
+        let mut cache = self.lock();
+        match cache.as_mut() {
+            Some(store) => {
+                let out = f(Some(store));
+                self.publish(&cache);
+                out
+            }
+            None => {
+                drop(cache);
+                f(None)
+            }
+        }
+    }
+
+    /// The counters the last call left; `None` when the cache is off.
+    pub fn stats(&self) -> Option<PrefixCacheStats> {
+        *lock_or_reset(&self.published, |_| {})
+    }
+
+    /// The cache. A call that panicked while holding it may have left it half-updated, so it
+    /// is emptied then: the backend stays usable.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<PrefixCache<S>>> {
+        lock_or_reset(&self.cache, |cache| {
+            if let Some(cache) = cache {
+                cache.reset();
+            }
+        })
+    }
+
+    fn publish(&self, cache: &Option<PrefixCache<S>>) {
+        *lock_or_reset(&self.published, |_| {}) = cache.as_ref().map(PrefixCache::stats);
     }
 }
 

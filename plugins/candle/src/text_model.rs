@@ -5,7 +5,8 @@
 //! with its own KV state; the prefix cache is the one piece of shared mutable state, behind its
 //! own lock.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use candle_core::DType;
 use lmhost_plugin_api::{
@@ -20,24 +21,17 @@ use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
 use crate::{attention, source};
-use lmhost_plugin_kit::prefix_cache::{PrefixCache, PrefixCacheStats, PrefixStore};
+use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache};
 
 pub struct TextModel {
     model_id: String,
     settings: Settings,
     logger: Logger,
     engine: Mutex<Option<Arc<Engine>>>,
-    cache: Mutex<CacheState>,
-    /// The cache's counters as of the last call that used it (`None`: the cache is off).
-    published: Mutex<Option<PrefixCacheStats>>,
+    cache: SharedCache<KvState>,
+    /// The half-precision caching warning was given.
+    warned_half: AtomicBool,
     batcher: Batcher,
-}
-
-#[derive(Default)]
-struct CacheState {
-    /// The prefix cache when `[kv_cache]` turns it on; `None` runs without one.
-    store: Option<PrefixCache<KvState>>,
-    warned_half: bool,
 }
 
 impl TextModel {
@@ -47,8 +41,8 @@ impl TextModel {
             settings,
             logger,
             engine: Mutex::new(None),
-            cache: Mutex::default(),
-            published: Mutex::default(),
+            cache: SharedCache::default(),
+            warned_half: AtomicBool::new(false),
             batcher: Batcher::default(),
         }
     }
@@ -126,15 +120,10 @@ impl TextModel {
     }
 
     pub fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
-        let mut cache = self.cache();
-        cache.store = settings.enabled.then(|| {
-            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
-            PrefixCache::new(max_entries, settings.max_bytes)
-        });
+        self.cache.set(settings);
         if settings.enabled {
-            self.warn_half_precision_cache(&mut cache);
+            self.warn_half_precision_cache();
         }
-        self.publish(&cache);
         Ok(())
     }
 
@@ -145,14 +134,14 @@ impl TextModel {
 
     /// Whether the prefix cache is on.
     pub fn caching(&self) -> bool {
-        lock_or_reset(&self.published, |_| {}).is_some()
+        self.cache.stats().is_some()
     }
 
     /// `counted` with the prefix cache's own counters over it, when the cache is on (a test
     /// can hold them against the records). Never waits for a running call (a server's
     /// `/metrics` asks while requests run): the counters are those the last call left.
     pub fn stats(&self, counted: BackendStats) -> BackendStats {
-        match *lock_or_reset(&self.published, |_| {}) {
+        match self.cache.stats() {
             Some(cached) => cached.over(counted),
             None => counted,
         }
@@ -210,52 +199,26 @@ impl TextModel {
         Ok(())
     }
 
-    /// The cache state. A call that panicked while holding it may have left the prefix cache
-    /// half-updated, so it is emptied then: the backend stays usable.
-    fn cache(&self) -> MutexGuard<'_, CacheState> {
-        lock_or_reset(&self.cache, |cache| {
-            if let Some(store) = cache.store.as_mut() {
-                store.reset();
-            }
-        })
-    }
-
-    /// Runs `f` with the prefix store, if one is on. The store lock is held for the call, so
-    /// cached calls run one at a time; uncached calls run concurrently.
+    /// Runs `f` with the prefix store, if one is on (see [`SharedCache::with_store`]).
     fn with_store<T>(
         &self,
         f: impl FnOnce(Option<&mut dyn PrefixStore<KvState>>) -> Result<T, PluginError>,
     ) -> Result<T, PluginError> {
-        let mut cache = self.cache();
-        match cache.store.as_mut() {
-            Some(store) => {
-                let out = f(Some(store as &mut dyn PrefixStore<KvState>));
-                self.publish(&cache);
-                out
-            }
-            None => {
-                drop(cache);
-                f(None)
-            }
-        }
-    }
-
-    /// Copies the cache's counters where `stats` reads them without waiting for the cache.
-    fn publish(&self, cache: &CacheState) {
-        *lock_or_reset(&self.published, |_| {}) = cache.store.as_ref().map(PrefixCache::stats);
+        self.cache.with_store(f)
     }
 
     /// Warns once that half-precision prefixes round differently from one forward pass (the
     /// cached path runs a prompt in several passes), and that float32 gives identical results.
-    fn warn_half_precision_cache(&self, cache: &mut CacheState) {
+    fn warn_half_precision_cache(&self) {
         let s = &self.settings;
         let Ok(dtype) = s.device().and_then(|device| s.dtype_on(&device)) else {
             return; // loading reports a device the build lacks
         };
-        if cache.warned_half || !matches!(dtype, DType::F16 | DType::BF16) {
+        if !matches!(dtype, DType::F16 | DType::BF16)
+            || self.warned_half.swap(true, Ordering::Relaxed)
+        {
             return;
         }
-        cache.warned_half = true;
         self.logger.warn(&format!(
             "kv_cache with {dtype:?} compute: cached prefixes round differently from one forward \
              pass, so greedy outputs and logprobs can differ slightly from kv_cache off; set \

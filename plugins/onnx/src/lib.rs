@@ -19,7 +19,7 @@ use lmhost_plugin_api::{
     GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
     ScoreRecord, TokenDelta, TokenizeRecord,
 };
-use lmhost_plugin_kit::prefix_cache::{self, PrefixCache, PrefixCacheStats, PrefixStore};
+use lmhost_plugin_kit::prefix_cache::{self, SharedCache};
 
 use crate::engine::Engine;
 use crate::options::Settings;
@@ -30,10 +30,7 @@ pub struct Onnx {
     settings: Settings,
     /// Loaded on first use, so opening a backend to list or validate costs nothing.
     engine: Mutex<Option<Arc<Engine>>>,
-    /// The prefix cache when `[kv_cache]` turns it on.
-    cache: Mutex<Option<PrefixCache<Past>>>,
-    /// The cache's counters as of the last call that used it (`None`: the cache is off).
-    published: Mutex<Option<PrefixCacheStats>>,
+    cache: SharedCache<Past>,
     counted: Mutex<BackendStats>,
 }
 
@@ -54,8 +51,7 @@ impl Backend for Onnx {
             model_id: context.model_id.to_string(),
             settings,
             engine: Mutex::default(),
-            cache: Mutex::default(),
-            published: Mutex::default(),
+            cache: SharedCache::default(),
             counted: Mutex::default(),
         })
     }
@@ -91,7 +87,9 @@ impl Backend for Onnx {
     ) -> Result<GenerationRecord, PluginError> {
         config.validate()?;
         let engine = self.engine()?;
-        let record = self.with_store(|store| engine.generate(snapshot, config, store, sink))?;
+        let record = self
+            .cache
+            .with_store(|store| engine.generate(snapshot, config, store, sink))?;
         self.count(
             record.prompt_tokens,
             record.cached_prompt_tokens,
@@ -119,7 +117,9 @@ impl Backend for Onnx {
             return Ok(Vec::new());
         }
         let engine = self.engine()?;
-        let records = self.with_store(|store| engine.score_batch(snapshots, reply, store))?;
+        let records = self
+            .cache
+            .with_store(|store| engine.score_batch(snapshots, reply, store))?;
         for record in &records {
             self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
         }
@@ -141,12 +141,7 @@ impl Backend for Onnx {
     /// Also starts the token counts afresh.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
         *lock_or_reset(&self.counted, |_| {}) = BackendStats::default();
-        let mut cache = lock_or_reset(&self.cache, |_| {});
-        *cache = settings.enabled.then(|| {
-            let max_entries = usize::try_from(settings.max_entries).unwrap_or(usize::MAX);
-            PrefixCache::new(max_entries, settings.max_bytes)
-        });
-        self.publish(&cache);
+        self.cache.set(settings);
         Ok(())
     }
 
@@ -154,17 +149,10 @@ impl Backend for Onnx {
     /// call left, so this never waits for a running one.
     fn stats(&self) -> BackendStats {
         let counted = *lock_or_reset(&self.counted, |_| {});
-        match *lock_or_reset(&self.published, |_| {}) {
+        match self.cache.stats() {
             Some(cached) => cached.over(counted),
             None => counted,
         }
-    }
-}
-
-/// A cache a panicking call may have left half-updated is emptied.
-fn reset_cache(cache: &mut Option<PrefixCache<Past>>) {
-    if let Some(cache) = cache {
-        cache.reset();
     }
 }
 
@@ -180,32 +168,8 @@ impl Onnx {
         Ok(loaded)
     }
 
-    /// Runs `f` with the prefix store, if one is on; cached calls run one at a time.
-    fn with_store<T>(
-        &self,
-        f: impl FnOnce(Option<&mut dyn PrefixStore<Past>>) -> Result<T, PluginError>,
-    ) -> Result<T, PluginError> {
-        let mut cache = lock_or_reset(&self.cache, reset_cache);
-        match cache.as_mut() {
-            Some(store) => {
-                let out = f(Some(store));
-                self.publish(&cache);
-                out
-            }
-            None => {
-                drop(cache);
-                f(None)
-            }
-        }
-    }
-
-    /// Copies the cache's counters where `stats` reads them without waiting for the cache.
-    fn publish(&self, cache: &Option<PrefixCache<Past>>) {
-        *lock_or_reset(&self.published, |_| {}) = cache.as_ref().map(PrefixCache::stats);
-    }
-
     fn count(&self, prompt: u32, cached: u32, generated: usize) {
-        let on = lock_or_reset(&self.published, |_| {}).is_some();
+        let on = self.cache.stats().is_some();
         prefix_cache::count(
             &mut lock_or_reset(&self.counted, |_| {}),
             on,
