@@ -19,19 +19,12 @@ fn sigterm_finishes_the_request_in_flight_then_exits_cleanly() {
     let body =
         serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": "stay"}]});
     let request = std::thread::spawn(move || post(&url, &body.to_string()));
-    let metrics = format!("{base}/metrics");
-    let admitted = (0..1000).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        common::get(&metrics)
-            .body
-            .contains("lmhost_queue_in_flight 1")
-    });
-    assert!(admitted, "the request never reached the queue");
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    await_metric(
+        &base,
+        "lmhost_queue_in_flight 1",
+        "the request never reached the queue",
+    );
+    sigterm(&child);
     let answer = request.join().unwrap();
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert!(
@@ -95,19 +88,12 @@ fn after_the_grace_period_running_generations_are_stopped() {
         "messages": [{"role": "user", "content": "a b c d"}],
     });
     let request = std::thread::spawn(move || post(&url, &body.to_string()));
-    let metrics = format!("{base}/metrics");
-    let running = (0..1000).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        common::get(&metrics)
-            .body
-            .contains("lmhost_requests_running 1")
-    });
-    assert!(running, "the request never started");
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    await_metric(
+        &base,
+        "lmhost_requests_running 1",
+        "the request never started",
+    );
+    sigterm(&child);
     let answer = request.join().unwrap();
     assert_eq!(answer.status, 200, "{}", answer.body);
     let json = answer.json();
@@ -115,4 +101,22 @@ fn after_the_grace_period_running_generations_are_stopped() {
     let words = json["usage"]["completion_tokens"].as_u64().unwrap();
     assert!(words < 400, "the generation ran to its end ({words} words)");
     assert!(child.wait().unwrap().success(), "lmhost serve exits 0");
+}
+
+/// Polls `/metrics` until it shows `line`.
+fn await_metric(base: &str, line: &str, never: &str) {
+    let metrics = format!("{base}/metrics");
+    let seen = (0..1000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        common::get(&metrics).body.contains(line)
+    });
+    assert!(seen, "{never}");
+}
+
+fn sigterm(child: &std::process::Child) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
 }

@@ -455,6 +455,13 @@ impl lmhost_candle::attention::Attention for Panicky {
     }
 }
 
+/// A tiny model in `dir` whose attention is [`Panicky`].
+fn panicky_backend(dir: &Path) -> Candle {
+    let path = write_gguf(&dir.join("tiny.gguf"), "llama");
+    lmhost_candle::attention::register("panicky", std::sync::Arc::new(Panicky));
+    backend(&path, json!({ "attn_implementation": "panicky" }))
+}
+
 /// A call that panics while holding the prefix cache's lock (the plugin boundary turns the
 /// panic into an error) leaves the backend serving: the next calls answer as before, with the
 /// cache emptied and used again.
@@ -464,9 +471,7 @@ fn a_panic_holding_the_cache_lock_does_not_disable_the_backend() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().unwrap();
-    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
-    lmhost_candle::attention::register("panicky", std::sync::Arc::new(Panicky));
-    let b = backend(&path, json!({ "attn_implementation": "panicky" }));
+    let b = panicky_backend(dir.path());
     b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
         enabled: true,
         max_entries: 16,
@@ -496,9 +501,7 @@ fn a_panicking_decode_pass_fails_its_generation_and_batching_goes_on() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().unwrap();
-    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
-    lmhost_candle::attention::register("panicky", std::sync::Arc::new(Panicky));
-    let b = backend(&path, json!({ "attn_implementation": "panicky" }));
+    let b = panicky_backend(dir.path());
     let before = b.generate(&prompt(), &greedy(4)).unwrap();
     PANIC_DECODING.store(true, std::sync::atomic::Ordering::SeqCst);
     let failed = b.generate(&prompt(), &greedy(4));
