@@ -99,10 +99,7 @@ impl Client {
         let response = loop {
             let failure = match self.authorize(self.agent.post(&url)).send_json(body) {
                 Ok(response) if response.status().is_success() => break response,
-                Ok(response) => match read(&url, response) {
-                    Ok(_) => unreachable_success(&url),
-                    Err(failure) => failure,
-                },
+                Ok(response) => refused(&url, response),
                 Err(error) => transport_failure(&url, error, self.config.timeout),
             };
             if !failure.retryable || attempt >= self.config.max_retries {
@@ -185,16 +182,6 @@ impl Client {
     }
 }
 
-/// A 2xx answer that `read` was handed as a failure: it cannot happen (success breaks out
-/// first), so it reads as a server fault rather than a panic.
-fn unreachable_success(url: &str) -> Failure {
-    Failure {
-        error: PluginError::unavailable(format!("{url} answered in an unexpected way")),
-        retryable: false,
-        retry_after: None,
-    }
-}
-
 /// One failed try, and whether another may succeed.
 struct Failure {
     error: PluginError,
@@ -204,31 +191,45 @@ struct Failure {
 
 fn read(url: &str, mut response: Response<Body>) -> Result<Value, Failure> {
     let status = response.status().as_u16();
+    if !(200..300).contains(&status) {
+        return Err(refused(url, response));
+    }
+    let text = body_text(url, &mut response)?;
+    lmhost_plugin_api::serde_json::from_str(&text).map_err(|e| Failure {
+        error: PluginError::unavailable(format!(
+            "{url} answered {status} with a body that is not JSON ({e}): {}",
+            excerpt(&text)
+        )),
+        retryable: false,
+        retry_after: None,
+    })
+}
+
+/// A non-2xx answer as a failure: its status mapped to an error kind (with the server's own
+/// words), worth retrying on `429` and `5xx`, after `Retry-After` if the server says.
+fn refused(url: &str, mut response: Response<Body>) -> Failure {
+    let status = response.status().as_u16();
     let retry_after = response
         .headers()
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs);
-    let text = response.body_mut().read_to_string().map_err(|e| Failure {
+    match body_text(url, &mut response) {
+        Ok(text) => Failure {
+            error: status_error(url, status, &text),
+            retryable: status == 429 || status >= 500,
+            retry_after,
+        },
+        Err(failure) => failure,
+    }
+}
+
+fn body_text(url: &str, response: &mut Response<Body>) -> Result<String, Failure> {
+    response.body_mut().read_to_string().map_err(|e| Failure {
         error: PluginError::unavailable(format!("reading the answer of {url} failed: {e}")),
         retryable: false,
         retry_after: None,
-    })?;
-    if (200..300).contains(&status) {
-        return lmhost_plugin_api::serde_json::from_str(&text).map_err(|e| Failure {
-            error: PluginError::unavailable(format!(
-                "{url} answered {status} with a body that is not JSON ({e}): {}",
-                excerpt(&text)
-            )),
-            retryable: false,
-            retry_after: None,
-        });
-    }
-    Err(Failure {
-        error: status_error(url, status, &text),
-        retryable: status == 429 || status >= 500,
-        retry_after,
     })
 }
 
