@@ -240,7 +240,7 @@ fn options_of_the_wrong_type_fail_naming_the_key() {
 #[test]
 fn in_process_registration_needs_no_library() {
     let mut host = Host::new();
-    host.register(lmhost_mock::plugin_module());
+    host.register(lmhost::root_module::<lmhost_mock::Mock>());
     let (plugin, origin) = host.registry().find("mock", &[]).unwrap();
     assert_eq!(
         (plugin.name().as_str(), origin),

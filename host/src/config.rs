@@ -214,6 +214,22 @@ impl ExplanationConfig {
 }
 
 impl Config {
+    /// The config of plugin `kind` on `model_id`, every other setting at its default: the
+    /// struct an application fills in instead of writing TOML.
+    pub fn new(kind: &str, model_id: &str) -> Config {
+        Config {
+            backend: BackendConfig {
+                kind: kind.to_string(),
+                model_id: model_id.to_string(),
+                options: toml::Table::new(),
+            },
+            generation: GenerationConfig::default(),
+            kv_cache: KvCacheConfig::default(),
+            explanation: ExplanationConfig::default(),
+            plugin_dirs: Vec::new(),
+        }
+    }
+
     /// Reads and parses `path`; relative paths inside it resolve against its directory.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
@@ -240,22 +256,35 @@ impl Config {
                 message: e.message().to_string(),
             }
         })?;
-        config.generation.validate().map_err(|e| Error::Config {
+        config.checked(path)
+    }
+
+    /// A config from the same tables as JSON (an application's or Python's dict); `source` names
+    /// it in errors. Relative paths in it stay relative to the working directory.
+    pub fn from_json(value: serde_json::Value, source: &Path) -> Result<Config> {
+        let config: Config =
+            serde_path_to_error::deserialize(value).map_err(|e| Error::Config {
+                path: source.to_path_buf(),
+                line: 0,
+                column: 0,
+                message: format!("at `{}`: {}", e.path(), e.inner()),
+            })?;
+        config.checked(source)
+    }
+
+    /// Refuses settings that parse but cannot run.
+    fn checked(self, path: &Path) -> Result<Config> {
+        let refused = |message| Error::Config {
             path: path.to_path_buf(),
             line: 0,
             column: 0,
-            message: format!("[generation] {}", e.message),
-        })?;
-        config
-            .explanation
+            message,
+        };
+        self.generation
             .validate()
-            .map_err(|message| Error::Config {
-                path: path.to_path_buf(),
-                line: 0,
-                column: 0,
-                message,
-            })?;
-        Ok(config)
+            .map_err(|e| refused(format!("[generation] {}", e.message)))?;
+        self.explanation.validate().map_err(refused)?;
+        Ok(self)
     }
 
     fn resolve_paths(&mut self, base: &Path) {

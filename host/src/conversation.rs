@@ -160,6 +160,12 @@ pub fn parse(text: &str, path: &Path) -> Result<ConversationSnapshot> {
     ConversationSnapshot::new(group_turns(messages)).map_err(|e| invalid(e.message.into_string()))
 }
 
+/// A conversation of `messages`, in turns as [`group_turns`] splits them.
+pub fn from_messages(messages: impl IntoIterator<Item = Message>) -> Result<ConversationSnapshot> {
+    ConversationSnapshot::new(group_turns(messages))
+        .map_err(|e| Error::Invalid(e.message.into_string()))
+}
+
 /// Splits messages into turns, closing a turn after each assistant message.
 pub fn group_turns(messages: impl IntoIterator<Item = Message>) -> Vec<Turn> {
     let mut turns = Vec::new();

@@ -59,6 +59,9 @@ pub enum Error {
 
     #[error("{0}")]
     Invalid(String),
+
+    #[error("cancelled after {evaluated} coalitions were evaluated (a run directory keeps them)")]
+    Cancelled { evaluated: usize },
 }
 
 impl Error {

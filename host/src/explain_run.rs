@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -19,7 +21,7 @@ use serde::Serialize;
 
 use crate::backend::Backend;
 use crate::config::{Config, ExplanationConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::explain::value::ValueFunction;
 use crate::explain::{
     value, BaseAnswer, EstimatorSettings, Evaluation, Explanation, Job, Model, Need, Plan, Players,
@@ -28,7 +30,7 @@ use crate::explain::{
 use crate::run_store::{digest, prompt_key, RunStore};
 
 /// What to run, beyond the config.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RunOptions {
     /// The answer to explain; generated from the whole conversation when absent.
     pub reply: Option<String>,
@@ -36,6 +38,43 @@ pub struct RunOptions {
     pub run_dir: Option<PathBuf>,
     /// Draw a progress bar on stderr (only where stderr is a terminal).
     pub progress: bool,
+    /// Called after every evaluated batch, from the thread running the explanation.
+    pub on_progress: Option<ProgressFn>,
+    /// Checked before every batch; see [`Cancel`].
+    pub cancel: Option<Cancel>,
+}
+
+/// A progress callback: an application's own bar, log line or cancel button.
+pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
+
+/// How far a run is. `planned` grows when a stopping rule starts another round.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Progress {
+    /// Coalitions valued so far (from the backend or the run directory).
+    pub done: usize,
+    /// Coalitions planned so far.
+    pub planned: usize,
+    pub elapsed_s: f64,
+}
+
+/// Stops a running explanation from another thread. The run checks it before each batch and
+/// ends with [`Error::Cancelled`]; every value computed until then is in the run directory, so
+/// running again with the same directory resumes where it stopped.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// Where the explained answer came from.
@@ -60,6 +99,18 @@ pub struct Outcome {
     pub stats: RunStats,
     /// How the rounds went, for a run with a stopping rule.
     pub stopped: Option<Stopped>,
+}
+
+impl Outcome {
+    /// The JSON report `lmhost explain --json FILE` writes.
+    pub fn to_json(&self) -> String {
+        crate::report::json::render(self)
+    }
+
+    /// The self-contained HTML page `lmhost explain --html FILE` writes.
+    pub fn to_html(&self) -> String {
+        crate::report::html::render(self)
+    }
 }
 
 /// Counts and times of one run.
@@ -173,6 +224,8 @@ pub fn run(
         known: HashMap::new(),
         batch_size: settings.batch_size,
         bar: progress_bar(options.progress),
+        on_progress: options.on_progress.clone(),
+        cancel: options.cancel.clone(),
         stats: RunStats {
             kv_cache_enabled: settings.kv_cache,
             ..RunStats::default()
@@ -223,6 +276,8 @@ struct Evaluator<'a> {
     known: HashMap<String, f64>,
     batch_size: usize,
     bar: ProgressBar,
+    on_progress: Option<ProgressFn>,
+    cancel: Option<Cancel>,
     stats: RunStats,
     backend: &'a Backend,
     stats_before: &'a BackendStats,
@@ -239,8 +294,21 @@ impl Evaluator<'_> {
             .filter(|(_, key)| !self.known.contains_key(*key))
             .collect();
         self.bar.inc_length(new.len() as u64);
+        let planned = self.known.len() + new.len();
         for batch in new.chunks(self.batch_size) {
+            if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+                return Err(Error::Cancelled {
+                    evaluated: self.stats.evaluated,
+                });
+            }
             self.evaluate_batch(batch)?;
+            if let Some(report) = &self.on_progress {
+                report(&Progress {
+                    done: self.known.len(),
+                    planned,
+                    elapsed_s: self.started.elapsed().as_secs_f64(),
+                });
+            }
         }
         Ok(keys.iter().map(|key| self.known[key]).collect())
     }

@@ -1,13 +1,72 @@
-//! `lmhost`: a host for LLM generation backends loaded as plugins.
+//! `lmhost`: a host for LLM generation backends, and the explainer of their answers.
 //!
-//! ```no_run
+//! A [`Host`] opens the backend a [`Config`] names. Backends come two ways:
+//! - **in-process**: compiled into the application by this crate's cargo features (`candle`,
+//!   `onnx`, `openai`, `mock`), or any [`lmhost_plugin_api::Backend`] registered with
+//!   [`Host::register`];
+//! - **plugin libraries**: `liblmhost_<name>.so` found in the config's `plugin_dirs`, then
+//!   `$LMHOST_PLUGIN_PATH`, the executable's directory and its `../lib/lmhost`.
+//!
+//! A name found both ways resolves to the in-process backend: what an application was built and
+//! tested with is what it runs, whatever libraries lie beside it.
+//!
+//! # Generating, scoring, tokenizing
+//! ```
+//! use lmhost::{conversation, Config, Host, Message, Role};
+//!
 //! # fn main() -> lmhost::Result<()> {
-//! let config = lmhost::Config::load("configs/mock.toml".as_ref())?;
-//! let host = lmhost::Host::new();
+//! let mut host = Host::new(); // with `features = ["mock"]` it is registered already
+//! host.register(lmhost::root_module::<lmhost_mock::Mock>());
+//! let config = Config::new("mock", "demo"); // or Config::load("configs/mock.toml".as_ref())?
 //! let backend = host.open(&config)?;
-//! let snapshot = lmhost::ConversationSnapshot::from_prompt("Hello?");
-//! let record = backend.generate(&snapshot, &config.generation)?;
-//! println!("{}", record.text);
+//!
+//! let chat = conversation::from_messages([
+//!     Message::text(Role::System, "You are terse."),
+//!     Message::text(Role::User, "Which planet is largest?"),
+//! ])?;
+//! let answer = backend.generate(&chat, &config.generation)?;
+//! let score = backend.score(&chat, &answer.text)?;
+//! // A model scores its own answer exactly as it generated it.
+//! assert_eq!(score.logprobs, answer.logprobs);
+//! let tokens = backend.tokenize(&chat, true)?;
+//! assert_eq!(tokens.token_ids.len(), tokens.pieces.len());
+//! # Ok(()) }
+//! ```
+//!
+//! # Explaining an answer
+//! [`explain_run::run`] attributes the answer to the conversation's players (here its
+//! messages), reporting progress after every batch and stopping early when a [`Cancel`] is set.
+//! ```
+//! use std::sync::Arc;
+//! use lmhost::explain::Granularity;
+//! use lmhost::{conversation, Cancel, Config, Host, Message, Progress, Role, RunOptions};
+//!
+//! # fn main() -> lmhost::Result<()> {
+//! # let mut host = Host::new();
+//! # host.register(lmhost::root_module::<lmhost_mock::Mock>());
+//! let mut config = Config::new("mock", "demo");
+//! config.explanation.players = Granularity::Messages;
+//! let backend = host.open(&config)?;
+//! let chat = conversation::from_messages([
+//!     Message::text(Role::System, "Answer in one word."),
+//!     Message::text(Role::User, "The sky is blue."),
+//!     Message::text(Role::User, "What colour is the sky?"),
+//! ])?;
+//! let cancel = Cancel::new(); // cancel.cancel() from any thread stops the run
+//! let options = RunOptions {
+//!     on_progress: Some(Arc::new(|p: &Progress| eprintln!("{}/{}", p.done, p.planned))),
+//!     cancel: Some(cancel.clone()),
+//!     ..RunOptions::default()
+//! };
+//! let outcome = lmhost::explain_run::run(&config, &backend, &chat, &options)?;
+//! let explanation = &outcome.explanation;
+//! assert_eq!(explanation.attributions.len(), 3);
+//! // Exact Shapley values add up to what the whole conversation adds over none of it.
+//! let sum: f64 = explanation.attributions.iter().map(|a| a.value).sum();
+//! assert!((sum - (explanation.v_all - explanation.v_none)).abs() < 1e-9);
+//! // Everything `lmhost explain --json` writes:
+//! let report: serde_json::Value = serde_json::from_str(&outcome.to_json()).expect("JSON");
+//! assert_eq!(report["players"][2]["text"], "What colour is the sky?");
 //! # Ok(()) }
 //! ```
 
@@ -30,9 +89,10 @@ use std::path::PathBuf;
 pub use backend::Backend;
 pub use config::Config;
 pub use error::{Error, Result};
+pub use explain_run::{Cancel, Outcome, Progress, RunOptions};
 pub use lmhost_plugin_api::{
-    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginContext, PluginModRef,
-    ScoreRecord,
+    root_module, ConversationSnapshot, GenerationConfig, GenerationRecord, Message, PluginContext,
+    PluginModRef, Role, ScoreRecord,
 };
 pub use plugins::{Origin, Plugin, Registry};
 
@@ -48,13 +108,28 @@ impl Default for Host {
 }
 
 impl Host {
-    /// A host with the backends bundled by cargo features registered in-process.
+    /// A host with the backends bundled by cargo features (`candle`, `onnx`, `openai`, `mock`)
+    /// registered in-process.
     pub fn new() -> Self {
         #[allow(unused_mut)]
         let mut registry = Registry::new();
+        #[cfg(feature = "candle")]
+        registry.register(root_module::<lmhost_candle::Candle>());
+        #[cfg(feature = "onnx")]
+        registry.register(root_module::<lmhost_onnx::Onnx>());
+        #[cfg(feature = "openai")]
+        registry.register(root_module::<lmhost_openai::OpenAi>());
         #[cfg(feature = "mock")]
-        registry.register(lmhost_mock::plugin_module());
+        registry.register(root_module::<lmhost_mock::Mock>());
         Host { registry }
+    }
+
+    /// A host with nothing in-process, whatever features are on: every name resolves to a plugin
+    /// library (or to what [`Host::register`] adds).
+    pub fn empty() -> Self {
+        Host {
+            registry: Registry::new(),
+        }
     }
 
     /// Registers a backend type in-process, selectable by its name like a library.

@@ -20,7 +20,7 @@ fn run(adjust: impl FnOnce(&mut lmhost::config::ExplanationConfig)) -> (u64, Vec
     .unwrap();
     adjust(&mut config.explanation);
     let mut host = Host::new();
-    host.register(lmhost_mock::plugin_module());
+    host.register(lmhost::root_module::<lmhost_mock::Mock>());
     let backend = host.open(&config).unwrap();
     let conversation = conversation::load(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/conversation.json"),

@@ -311,11 +311,6 @@ macro_rules! export_plugin {
             }
         };
 
-        /// The root module, for registering this backend in-process without its library.
-        pub fn plugin_module() -> $crate::PluginModRef {
-            $crate::author::root_module::<$backend>()
-        }
-
         #[no_mangle]
         pub extern "C" fn lmhost_plugin_identity() -> $crate::identity::PluginIdentity {
             $crate::author::identity::<$backend>()

@@ -16,7 +16,7 @@ pub use abi::{
     BackendBox, GenerationBackend, GenerationBackend_TO, LogLevel, Logger, PluginContext,
     PluginMod, PluginModRef, TokenSink, TokenSinkRef, TokenSink_TO, API_VERSION,
 };
-pub use author::{lock_or_reset, Backend};
+pub use author::{lock_or_reset, root_module, Backend};
 pub use error::{ErrorKind, PluginError};
 pub use options::{validate_options, OptionKind, OptionSpec};
 pub use types::*;

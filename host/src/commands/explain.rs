@@ -184,6 +184,7 @@ pub fn run(args: &Args, quiet: bool) -> Result<()> {
                 reply: args.reply.clone(),
                 run_dir: args.run_dir.clone(),
                 progress: !quiet,
+                ..RunOptions::default()
             };
             explain_run::run(&config, &backend, &conversation, &options)?
         }

@@ -128,7 +128,7 @@ fn pearson(xs: &[f64], ys: &[f64]) -> f64 {
 /// attributions misses an exact tie (a player that changes nothing) by rounding alone.
 const TIE_TOLERANCE: f64 = 1e-9;
 
-/// Ranks from 1; equal values (within [`TIE_TOLERANCE`] of the first of their run) share the
+/// Ranks from 1; equal values (within `TIE_TOLERANCE` of the first of their run) share the
 /// mean of the ranks they span.
 pub fn average_ranks(xs: &[f64]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..xs.len()).collect();

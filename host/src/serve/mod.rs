@@ -1,10 +1,10 @@
 //! `lmhost serve`: an OpenAI-compatible HTTP server over any configured backend.
 //!
-//! The plugin API is blocking and returns whole records, so the server is a thin async shell:
-//! handlers validate and translate requests ([`wire`], [`body`]), hand the backend call to the
-//! bounded fair [`queue`] (which runs it on tokio's blocking threads), and translate the record
-//! back. Streaming responses are produced from the completed record ([`stream`]): a client sees
-//! the usual SSE chunks, but the first arrives when the whole reply is ready.
+//! The plugin API is blocking, so the server is a thin async shell: handlers validate and
+//! translate requests (`wire`, `body`), hand the backend call to the bounded fair `queue`
+//! (which runs it on tokio's blocking threads), and translate the record back. Streaming
+//! responses relay the token deltas the backend sends as it generates (`stream`), so a client
+//! sees each token as it is made.
 //!
 //! Architecture invariant: no tokio type crosses the plugin boundary; backends only ever see
 //! blocking calls from blocking threads.

@@ -16,12 +16,11 @@ use serde_json::Value;
 pub const MODEL: &str = "mock-model";
 
 /// A host with mock linked in. Other plugins load from their libraries, found next to the test
-/// executable (`target/*/deps`): the `openai` plugin is a dev-dependency so that cargo builds
-/// its cdylib there. Linking two plugin rlibs into one binary would clash on the exported
-/// symbols, so tests never reference `lmhost_openai` itself.
+/// executable (`target/*/deps`): the `openai` plugin's library crate is a dev-dependency so
+/// that cargo builds it there.
 pub fn host() -> Host {
     let mut host = Host::new();
-    host.register(lmhost_mock::plugin_module());
+    host.register(lmhost::root_module::<lmhost_mock::Mock>());
     host
 }
 

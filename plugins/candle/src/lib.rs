@@ -22,9 +22,9 @@ pub mod weights;
 use std::sync::{Arc, Mutex};
 
 use lmhost_plugin_api::{
-    export_plugin, lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot,
-    EmbeddingRecord, GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec,
-    PluginContext, PluginError, ScoreRecord, TokenDelta, TokenizeRecord,
+    lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
+    GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
+    ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 use crate::audio_backend::{AudioBackend, SpeechModel};
@@ -254,5 +254,3 @@ impl Candle {
         );
     }
 }
-
-export_plugin!(Candle);

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
-    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    FinishReason, GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec,
-    PluginContext, PluginError, Role, ScoreRecord, TokenDelta, TokenizeRecord,
+    Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, FinishReason,
+    GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec, PluginContext,
+    PluginError, Role, ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 /// Size of the mock vocabulary, for smoothing and embeddings.
@@ -391,8 +391,6 @@ fn fnv(chunks: &[&[u8]]) -> u64 {
 fn poisoned<T>(_: T) -> PluginError {
     PluginError::internal("mock state lock poisoned by an earlier panic")
 }
-
-export_plugin!(Mock);
 
 #[cfg(test)]
 mod tests {

@@ -15,9 +15,9 @@ pub mod signature;
 use std::sync::{Arc, Mutex};
 
 use lmhost_plugin_api::{
-    export_plugin, lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot,
-    GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
-    ScoreRecord, TokenDelta, TokenizeRecord,
+    lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
+    GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    TokenDelta, TokenizeRecord,
 };
 use lmhost_plugin_kit::prefix_cache::{self, SharedCache};
 
@@ -179,5 +179,3 @@ impl Onnx {
         );
     }
 }
-
-export_plugin!(Onnx);

@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{
-    export_plugin, Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, Logger, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord,
-    TokenDelta, TokenizeRecord,
+    Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
+    Logger, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord, TokenDelta,
+    TokenizeRecord,
 };
 use lmhost_plugin_kit::prompt::PromptFormat;
 use lmhost_plugin_kit::template::ChatTemplate;
@@ -420,5 +420,3 @@ fn server_template(client: &Client, logger: &Logger) -> Option<ChatTemplate> {
         .map_err(|e| logger.warn(&format!("{e}; set the `chat_template` option instead")))
         .ok()
 }
-
-export_plugin!(OpenAi);
