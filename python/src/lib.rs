@@ -19,9 +19,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-/// Every bundled backend, in-process.
+/// Every bundled backend, in-process (this crate turns on none of `lmhost`'s features).
 fn host() -> lmhost::Host {
-    let mut host = lmhost::Host::new();
+    let mut host = lmhost::Host::empty();
     host.register(lmhost::root_module::<lmhost_candle::Candle>())
         .register(lmhost::root_module::<lmhost_onnx::Onnx>())
         .register(lmhost::root_module::<lmhost_openai::OpenAi>())
