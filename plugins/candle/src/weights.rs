@@ -129,9 +129,22 @@ thread_local! {
     static DECODING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `f` with linear layers in their decode format (where they have one). Only the
-/// sampling loop decodes: a pass that scores must not, however few rows it has.
+/// Runs `f` in the decode phase: linear layers in their decode format (where they have one),
+/// and a pass of single rows attends through [`crate::attention::Attention::forward_rows`].
+/// Only the sampling loop decodes: a pass that scores must not, however few rows it has.
 pub fn decoding<R>(f: impl FnOnce() -> R) -> R {
+    in_phase(true, f)
+}
+
+/// Runs `f` outside the decode phase, whatever this thread was doing. Every other job on the
+/// compute pool starts here: a pool thread waiting inside a decode pass's parallel op runs
+/// other queued jobs (rayon's work stealing), and a prompt run that way must not inherit the
+/// phase, or its result would depend on timing.
+pub fn prefilling<R>(f: impl FnOnce() -> R) -> R {
+    in_phase(false, f)
+}
+
+fn in_phase<R>(decoding: bool, f: impl FnOnce() -> R) -> R {
     /// Puts the outer phase back however `f` ends, a caught panic included: the pool thread
     /// goes on to serve other calls.
     struct Restore(bool);
@@ -140,8 +153,13 @@ pub fn decoding<R>(f: impl FnOnce() -> R) -> R {
             DECODING.set(self.0);
         }
     }
-    let _restore = Restore(DECODING.replace(true));
+    let _restore = Restore(DECODING.replace(decoding));
     f()
+}
+
+/// Whether this thread is inside [`decoding`].
+pub fn is_decoding() -> bool {
+    DECODING.get()
 }
 
 /// A linear layer `y = x Wᵀ (+ b)` with an optional second copy of W for decoding.

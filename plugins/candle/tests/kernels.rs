@@ -96,7 +96,8 @@ fn worst(a: &[f32], b: &[f32], scale: &[f32]) -> f32 {
 fn kernels_match_dequantized_matmul() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     // 2 threads split one activation row over output rows and three rows over activation
-    // rows; 4 threads split each of the three rows over output rows.
+    // rows; 4 threads split each of the three rows over output rows. Eleven rows are a whole
+    // tile of activation rows and part of another.
     for threads in [2, 4] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -105,7 +106,7 @@ fn kernels_match_dequantized_matmul() {
         for (dtype, ks) in TYPES {
             let (mut vs_f32, mut vs_scalar) = (0f32, 0f32);
             for k in ks {
-                for m in [1, 3] {
+                for m in [1, 3, 11] {
                     for n in [7, 49] {
                         let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
                         let x = rng.matrix(m, k);

@@ -15,8 +15,9 @@ pub mod whisper;
 
 use candle_core::{Result, Tensor};
 
-use crate::attention::{Attention, AttnParams};
+use crate::attention::{Attention, AttnParams, RowKeys};
 use crate::kv::KvState;
+use crate::weights;
 
 /// The text architectures the plugin runs (option `model_class`, config.json `model_type`, GGUF
 /// `general.architecture`): the Llama-shaped ones and Gemma 3.
@@ -207,7 +208,10 @@ impl PackedRows {
 /// Attention of every sequence of a packed pass, each sequence's queries against its own keys.
 /// `q`, `k`, `v` are `(1, heads, rows, head_dim)` over all rows of the pass (q and k already
 /// rotated); each sequence's keys and values are appended to its state at `layer`, after it
-/// adopts the prefix it shares with an earlier sequence. Returns `(1, rows, heads * head_dim)`.
+/// adopts the prefix it shares with an earlier sequence. A decode pass (one row per sequence,
+/// inside [`weights::decoding`]) takes all rows in one [`Attention::forward_rows`]; every other
+/// pass one `forward` per sequence, so that prompts and scores never depend on it. Returns
+/// `(1, rows, heads * head_dim)`.
 pub fn attend_packed(
     attention: &dyn Attention,
     layer: usize,
@@ -219,7 +223,9 @@ pub fn attend_packed(
 ) -> Result<Tensor> {
     let (_, nh, rows, d) = q.dims4()?;
     let n_rep = nh / k.dim(1)?;
+    let decode = weights::is_decoding() && seqs.iter().all(|s| s.ids.len() == 1);
     let mut outs = Vec::with_capacity(seqs.len());
+    let mut states = Vec::with_capacity(seqs.len());
     let mut row = 0;
     for (j, &offset) in starts.iter().enumerate() {
         let (earlier, rest) = seqs.split_at_mut(j);
@@ -237,13 +243,28 @@ pub fn attend_packed(
             offset,
             sliding_window,
         };
-        let q = q.narrow(2, row, n)?.contiguous()?;
-        outs.push(attention.forward(&q, &k, &v, &params)?);
+        if decode {
+            states.push((k, v, params));
+        } else {
+            let q = q.narrow(2, row, n)?.contiguous()?;
+            outs.push(attention.forward(&q, &k, &v, &params)?);
+        }
         row += n;
     }
-    Tensor::cat(&outs, 2)?
-        .transpose(1, 2)?
-        .reshape((1, rows, nh * d))
+    let y = if decode {
+        let keys: Vec<RowKeys<'_>> = states
+            .iter()
+            .map(|(k, v, params)| RowKeys {
+                k,
+                v,
+                params: *params,
+            })
+            .collect();
+        attention.forward_rows(q, &keys)?
+    } else {
+        Tensor::cat(&outs, 2)?
+    };
+    y.transpose(1, 2)?.reshape((1, rows, nh * d))
 }
 
 /// Each sequence's start position, after checking that every share points at an earlier

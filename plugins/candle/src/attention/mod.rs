@@ -10,6 +10,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use candle_core::{Device, Result, Tensor, D};
 
+mod decode;
+
 /// What an attention call needs besides q, k and v.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnParams {
@@ -29,6 +31,35 @@ pub struct AttnParams {
 /// contiguous across heads.
 pub trait Attention: Send + Sync {
     fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor>;
+
+    /// A decode pass: row `i` of `q` `(1, heads, rows, head_dim)` is the one query of sequence
+    /// `i`, against that sequence's own keys and values `rows[i]`. Returns q's shape. By default
+    /// one [`Attention::forward`] per row.
+    fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
+        each_row(self, q, rows)
+    }
+}
+
+/// One sequence of a decode pass: its keys and values (as for [`Attention::forward`]) and how
+/// its single query sees them.
+pub struct RowKeys<'a> {
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub params: AttnParams,
+}
+
+/// [`Attention::forward_rows`] one row at a time.
+fn each_row<A: Attention + ?Sized>(
+    attention: &A,
+    q: &Tensor,
+    rows: &[RowKeys<'_>],
+) -> Result<Tensor> {
+    let outs = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| attention.forward(&q.narrow(2, i, 1)?.contiguous()?, r.k, r.v, &r.params))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&outs, 2)
 }
 
 type Registry = RwLock<BTreeMap<String, Arc<dyn Attention>>>;
@@ -160,6 +191,13 @@ impl Attention for Eager {
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         probs.matmul(&v.contiguous()?)
     }
+
+    fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
+        match decode::rows(q, rows)? {
+            Some(out) => Ok(out),
+            None => each_row(self, q, rows),
+        }
+    }
 }
 
 /// Processes queries in chunks and shares each key/value head across its query group without
@@ -197,6 +235,13 @@ impl Attention for Chunked {
             outs.push(out);
         }
         Tensor::cat(&outs, 2)
+    }
+
+    fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
+        match decode::rows(q, rows)? {
+            Some(out) => Ok(out),
+            None => each_row(self, q, rows),
+        }
     }
 }
 
@@ -258,6 +303,79 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn decode_rows_agree_with_eager_one_sequence_at_a_time() {
+        // Head widths for the scalar path (20) and the SIMD one (24: three 8-wide chunks).
+        for d in [20, 24] {
+            decode_rows_agree_with_eager(d);
+        }
+    }
+
+    /// Three sequences at different positions (key counts that are not a multiple of the SIMD
+    /// path's four), keys read as views of larger buffers (as a state holds them), one sliding
+    /// window.
+    fn decode_rows_agree_with_eager(d: usize) {
+        let (heads, kv_heads) = (6, 2);
+        let rows = [(0, None), (4, None), (9, Some(3))];
+        let q = rand((1, heads, rows.len(), d), 0.3);
+        let buffers: Vec<(Tensor, Tensor)> = (0..rows.len())
+            .map(|i| {
+                let k = rand((1, kv_heads, 16, d), 1.1 + i as f64);
+                let v = rand((1, kv_heads, 16, d), 2.9 + i as f64);
+                (k, v)
+            })
+            .collect();
+        let views: Vec<(Tensor, Tensor)> = buffers
+            .iter()
+            .zip(rows)
+            .map(|((k, v), (offset, _))| {
+                (
+                    k.narrow(2, 0, offset + 1).unwrap(),
+                    v.narrow(2, 0, offset + 1).unwrap(),
+                )
+            })
+            .collect();
+        let keys: Vec<RowKeys<'_>> = views
+            .iter()
+            .zip(rows)
+            .map(|((k, v), (offset, sliding_window))| RowKeys {
+                k,
+                v,
+                params: AttnParams {
+                    scale: 0.35,
+                    n_rep: heads / kv_heads,
+                    offset,
+                    sliding_window,
+                },
+            })
+            .collect();
+        let reference = Eager { key_align: 1 };
+        let expected: Vec<Tensor> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let q = q.narrow(2, i, 1).unwrap().contiguous().unwrap();
+                reference.forward(&q, r.k, r.v, &r.params).unwrap()
+            })
+            .collect();
+        let expected = Tensor::cat(&expected, 2).unwrap();
+        let fused = decode::rows(&q, &keys).unwrap();
+        let fused = fused.expect("f32 on CPU takes the fused path");
+        assert!(max_diff(&expected, &fused) < 1e-5);
+        for name in names() {
+            let out = resolve(&name).unwrap().forward_rows(&q, &keys).unwrap();
+            let diff = max_diff(&expected, &out);
+            assert!(
+                diff < 1e-5,
+                "{name}'s decode rows differ from eager by {diff}"
+            );
+        }
+        // Another dtype falls back to one `forward` per row.
+        let half = |t: &Tensor| t.to_dtype(candle_core::DType::F16).unwrap();
+        let q16 = half(&q);
+        assert!(decode::rows(&q16, &keys).unwrap().is_none());
     }
 
     #[test]
