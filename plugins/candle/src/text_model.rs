@@ -20,8 +20,13 @@ use crate::engine::Engine;
 use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
-use crate::{attention, source};
+use crate::{attention, source, weights};
 use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache};
+
+/// Runs `f` on `pool`, outside the decode phase (see [`weights::prefilling`]).
+fn install<T: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> T + Send) -> T {
+    pool.install(|| weights::prefilling(f))
+}
 
 pub struct TextModel {
     model_id: String,
@@ -47,8 +52,8 @@ impl TextModel {
         }
     }
 
-    /// The prompt runs with the prefix cache (held only for it); decode steps are batched
-    /// with the other generations running now.
+    /// The prompt runs with the prefix cache (held only for it) and decode passes paused;
+    /// decode steps are batched with the other generations running now.
     ///
     /// Every method here takes its locks before handing compute to `pool`, never inside it: a
     /// pool thread waiting in a parallel op runs other queued pool jobs, so a job that blocked
@@ -62,13 +67,17 @@ impl TextModel {
     ) -> Result<GenerationRecord, PluginError> {
         self.refuse_audio(snapshot)?;
         let engine = self.engine(pool)?;
-        let started = self.with_store(|store| pool.install(|| engine.start(snapshot, store)))?;
+        let started = self.with_store(|store| {
+            self.batcher
+                .prompt(|| install(pool, || engine.start(snapshot, store)))
+        })?;
         let model = &*engine.model;
+        let _decoding = self.batcher.join();
         let mut record = engine.finish(started, config, sink, &mut |token, kv| {
             self.batcher.step(pool, model, token, kv)
         })?;
         if config.compute_embeddings {
-            pool.install(|| engine.add_embeddings(&mut record))?;
+            install(pool, || engine.add_embeddings(&mut record))?;
         }
         Ok(record)
     }
@@ -84,7 +93,7 @@ impl TextModel {
             .iter()
             .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
         let engine = self.engine(pool)?;
-        self.with_store(|store| pool.install(|| engine.score_batch(snapshots, reply, store)))
+        self.with_store(|store| install(pool, || engine.score_batch(snapshots, reply, store)))
     }
 
     pub fn tokenize(
@@ -110,7 +119,7 @@ impl TextModel {
         texts
             .iter()
             .map(|text| {
-                let (embedding, tokens) = pool.install(|| engine.embed(text))?;
+                let (embedding, tokens) = install(pool, || engine.embed(text))?;
                 Ok(EmbeddingRecord {
                     embedding: embedding.into(),
                     prompt_tokens: tokens as u32,
@@ -155,7 +164,7 @@ impl TextModel {
         if let Some(engine) = slot.as_ref() {
             return Ok(engine.clone());
         }
-        let engine = Arc::new(pool.install(|| self.load())?);
+        let engine = Arc::new(install(pool, || self.load())?);
         *slot = Some(engine.clone());
         Ok(engine)
     }

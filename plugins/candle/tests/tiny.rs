@@ -515,3 +515,103 @@ fn a_panicking_decode_pass_fails_its_generation_and_batching_goes_on() {
     let after = b.generate(&prompt(), &greedy(4)).unwrap();
     assert_eq!(after.token_ids, before.token_ids);
 }
+
+/// Generations decoding together share passes even though each samples its token between
+/// them: a queued step waits (up to `LINGER`) for the other generations' steps instead of
+/// leading a pass of its own, so passes do not split into those who sampled first and the
+/// rest. Four generations that each take a millisecond between steps.
+#[test]
+fn decode_steps_wait_for_every_generation_decoding_now() {
+    use lmhost_candle::batch::{Batcher, LINGER};
+    assert!(LINGER > std::time::Duration::from_millis(1));
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend(
+        &write_gguf(&dir.path().join("tiny.gguf"), "llama"),
+        json!({}),
+    );
+    let engine = b.engine().unwrap();
+    let model = &*engine.model;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let batcher = Batcher::default();
+    let (generations, steps) = (4, 12);
+    let barrier = std::sync::Barrier::new(generations);
+    std::thread::scope(|s| {
+        for g in 0..generations {
+            let (batcher, pool, barrier) = (&batcher, &pool, &barrier);
+            s.spawn(move || {
+                let _decoding = batcher.join();
+                barrier.wait();
+                let mut kv = model.new_state();
+                for step in 0..steps {
+                    let token = (g * steps + step) as u32 % 32;
+                    kv = batcher.step(pool, model, token, kv).unwrap().0;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            });
+        }
+    });
+    let (passes, stepped) = batcher.counts();
+    assert_eq!(stepped, (generations * steps) as u64);
+    // Without waiting, a pass leaves as soon as the first sampler queues: about two rows each.
+    let rows = stepped as f64 / passes as f64;
+    assert!(
+        rows >= 3.0,
+        "{rows:.2} rows a pass for {generations} generations"
+    );
+}
+
+/// A sequence's logits in a packed decode pass through the quantized kernels are bit for bit
+/// its logits in a pass of its own, whatever else the pass carries, so batching never changes
+/// a greedy reply. (With `f32` weights candle's GEMM rounds differently with the row count.)
+#[test]
+fn a_packed_decode_row_equals_the_same_row_alone() {
+    use lmhost_candle::models::{Logits, Seq};
+    let dir = tempfile::tempdir().unwrap();
+    for weights in ["auto", "compact"] {
+        let b = backend(
+            &write_gguf(&dir.path().join("tiny.gguf"), "llama"),
+            json!({ "weights": weights }),
+        );
+        let engine = b.engine().unwrap();
+        let model = &*engine.model;
+        let prompts: Vec<Vec<u32>> = (0..5)
+            .map(|i| (0..3 + 2 * i).map(|t| (t * 7 + i) as u32 % 40).collect())
+            .collect();
+        let states: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let mut kv = model.new_state();
+                model.forward(p, &mut kv, Logits::Last, false).unwrap();
+                kv
+            })
+            .collect();
+        let step = |rows: &[usize]| -> Vec<Vec<f32>> {
+            let mut kvs: Vec<_> = rows.iter().map(|&r| states[r].clone()).collect();
+            let ids: Vec<[u32; 1]> = rows.iter().map(|&r| [r as u32 + 3]).collect();
+            let mut seqs: Vec<Seq<'_>> = kvs
+                .iter_mut()
+                .zip(&ids)
+                .map(|(kv, ids)| Seq {
+                    ids,
+                    kv,
+                    share: None,
+                    logits_from: 0,
+                })
+                .collect();
+            let (logits, _) =
+                lmhost_candle::weights::decoding(|| model.forward_packed(&mut seqs, false))
+                    .unwrap();
+            logits
+                .into_iter()
+                .map(|l| l.unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+                .collect()
+        };
+        let together = step(&[0, 1, 2, 3, 4]);
+        for (r, row) in together.iter().enumerate() {
+            assert_eq!(row, &step(&[r])[0], "{weights}: row {r}");
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! What continuous batching buys on SmolLM2, without a server in the way:
+//! 1. one packed pass of N decode rows (each sequence after its own prompt) timed against
+//!    N = 1: decode is memory-bound, so a pass of 8 rows should cost far less than 8
+//!    single-row passes, and the "vs N x 1" column says how far;
+//! 2. N threads generating at once through the backend (as `serve`'s workers do): aggregate
+//!    tokens/s against one thread's, and the mean rows per decode pass the batcher formed.
+//!
+//! Prints figures; asserts nothing. `cargo run --release --example bench_batch` (after
+//! `scripts/fetch-models`). Environment: `BENCH_WEIGHTS=auto` (the backend's `weights`
+//! option), `BENCH_ROWS=1,2,4,8,16`, `BENCH_CONTEXT=160` (prompt tokens before decoding),
+//! `BENCH_STEPS=24` (passes per size), `BENCH_THREADS=1,8` (concurrent generations of
+//! `BENCH_TOKENS=48` tokens each).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use lmhost_candle::kv::KvState;
+use lmhost_candle::models::Seq;
+use lmhost_candle::weights;
+use lmhost_candle::Candle;
+use lmhost_plugin_api::serde_json::json;
+use lmhost_plugin_api::{
+    Backend, ConversationSnapshot, GenerationConfig, KvCacheSettings, PluginContext,
+};
+
+const MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const TEXT: &str = "The quick brown fox jumps over the lazy dog while the committee debates the \
+                    budget for the new library, and nobody remembers who ordered pizza. ";
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_string())
+}
+
+fn main() -> anyhow::Result<()> {
+    // As the `lmhost` binary does: without it candle counts the cores from /proc on every f32
+    // matrix product.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let path = root.join(MODEL);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-models",
+        path.display()
+    );
+    let weights_opt = env_or("BENCH_WEIGHTS", "auto");
+    let context: usize = env_or("BENCH_CONTEXT", "160").parse()?;
+    let steps: usize = env_or("BENCH_STEPS", "24").parse()?;
+    let sizes: Vec<usize> = env_or("BENCH_ROWS", "1,2,4,8,16")
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()?;
+    let plugin = PluginContext::new("candle", &path.to_string_lossy())
+        .with_options(json!({ "weights": weights_opt }));
+    let backend = Candle::new(plugin)?;
+    let engine = backend.engine()?;
+    let model = &engine.model;
+    let ids = engine.front.encode(&TEXT.repeat(20), true)?;
+    let prompt = ids.get(..context).context("prompt too short")?;
+    let mut base = None;
+    println!("1. packed decode passes, SmolLM2 weights={weights_opt}, {context} prompt tokens each, {steps} passes per size");
+    println!("| rows | ms per pass | ms per row | vs N x 1 |");
+    println!("| --- | --- | --- | --- |");
+    for &n in &sizes {
+        // Each row its own sequence, offset by one token so the states differ.
+        let mut states: Vec<KvState> = (0..n)
+            .map(|i| {
+                let mut kv = model.new_state();
+                model.forward(
+                    &prompt[i % 8..],
+                    &mut kv,
+                    lmhost_candle::models::Logits::Last,
+                    false,
+                )?;
+                Ok(kv)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let tokens: Vec<[u32; 1]> = (0..n).map(|i| [ids[context + i]]).collect();
+        let pass = |states: &mut [KvState]| -> anyhow::Result<()> {
+            let mut seqs: Vec<Seq<'_>> = states
+                .iter_mut()
+                .zip(&tokens)
+                .map(|(kv, ids)| Seq {
+                    ids,
+                    kv,
+                    share: None,
+                    logits_from: 0,
+                })
+                .collect();
+            weights::decoding(|| model.forward_packed(&mut seqs, false))?;
+            Ok(())
+        };
+        pass(&mut states)?;
+        let t = Instant::now();
+        for _ in 0..steps {
+            pass(&mut states)?;
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        let one = *base.get_or_insert(ms);
+        println!(
+            "| {n} | {ms:.2} | {:.2} | {:.2}x |",
+            ms / n as f64,
+            ms / (one * n as f64)
+        );
+    }
+    let threads: Vec<usize> = env_or("BENCH_THREADS", "1,8")
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()?;
+    let tokens: u32 = env_or("BENCH_TOKENS", "48").parse()?;
+    concurrent(&backend, &threads, tokens)
+}
+
+/// Section 2: `n` threads each generating `tokens` greedy tokens for a question of its own,
+/// with the prefix cache on as `serve` has it (the chat template's system prompt is shared).
+fn concurrent(backend: &Candle, threads: &[usize], tokens: u32) -> anyhow::Result<()> {
+    backend.set_kv_cache(KvCacheSettings {
+        enabled: true,
+        max_entries: 256,
+        max_bytes: 2 << 30,
+    })?;
+    let config = GenerationConfig {
+        max_new_tokens: tokens,
+        ..GenerationConfig::default()
+    };
+    let ask = |i: usize| {
+        let prompt = format!("Thread {i} asks: write a few sentences about topic number {i}.");
+        ConversationSnapshot::from_prompt(prompt)
+    };
+    backend.generate(&ask(0), &config)?; // warm-up
+    println!();
+    println!("2. concurrent generations of up to {tokens} tokens through the backend");
+    println!("| threads | tokens | tok/s | vs 1 thread | rows per pass |");
+    println!("| --- | --- | --- | --- | --- |");
+    let mut base = None;
+    for &n in threads {
+        let (passes_before, steps_before) = backend.decode_passes();
+        let t = Instant::now();
+        let (config, ask) = (&config, &ask);
+        let generated = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|i| s.spawn(move || backend.generate(&ask(i + 1), config)))
+                .collect();
+            handles.into_iter().try_fold(0, |sum, h| {
+                let record = h
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a generation panicked"))??;
+                anyhow::Ok(sum + record.token_ids.len())
+            })
+        })?;
+        let rate = generated as f64 / t.elapsed().as_secs_f64();
+        let (passes, steps) = backend.decode_passes();
+        let rows = (steps - steps_before) as f64 / (passes - passes_before).max(1) as f64;
+        let one = *base.get_or_insert(rate);
+        println!(
+            "| {n} | {generated} | {rate:.1} | {:.2}x | {rows:.2} |",
+            rate / one
+        );
+    }
+    Ok(())
+}
