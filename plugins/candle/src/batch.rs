@@ -45,6 +45,24 @@ struct Step {
 /// What a step gives back: its state, one position longer, and the next token's logits.
 type Stepped = Result<(KvState, Vec<f32>), PluginError>;
 
+#[derive(Default)]
+struct Steps {
+    queued: Vec<Step>,
+    done: HashMap<u64, Stepped>,
+    running: bool,
+    /// When the steps in `queued` could first have run: the oldest one's queueing, or the end
+    /// of the pass that was running then.
+    since: Option<Instant>,
+    /// Generations between [`Batcher::join`] and the end of their [`Member`].
+    active: usize,
+    /// Prompts inside [`Batcher::prompt`].
+    prompts: usize,
+    next_id: u64,
+    /// Passes run and steps they carried, for the batch-size figures in `stats`.
+    passes: u64,
+    stepped: u64,
+}
+
 impl Steps {
     /// How much longer the queued steps wait before a pass: for the generations that have
     /// not queued yet (up to [`LINGER`]), and for prompts running now (up to [`YIELD`]).
@@ -65,24 +83,6 @@ impl Steps {
         };
         for_steps.max(for_prompts)
     }
-}
-
-#[derive(Default)]
-struct Steps {
-    queued: Vec<Step>,
-    done: HashMap<u64, Stepped>,
-    running: bool,
-    /// When the steps in `queued` could first have run: the oldest one's queueing, or the end
-    /// of the pass that was running then.
-    since: Option<Instant>,
-    /// Generations between [`Batcher::join`] and the end of their [`Member`].
-    active: usize,
-    /// Prompts inside [`Batcher::prompt`].
-    prompts: usize,
-    next_id: u64,
-    /// Passes run and steps they carried, for the batch-size figures in `stats`.
-    passes: u64,
-    stepped: u64,
 }
 
 /// The decode steps of every generation of one model.
