@@ -1,11 +1,11 @@
 //! Attention of a decode pass: every sequence's single query row, each head against its own
-//! keys, in one parallel loop over (head, row) that reads keys and values where the sequence's
-//! state holds them.
+//! keys, in one parallel loop over (row, key/value head) that reads keys and values where the
+//! sequence's state holds them.
 //!
 //! A decode query is one row, so the generic path (a GEMM per sequence, over keys that
 //! grouped-query attention first copies once per query head and pads) is op overhead and copies
 //! more than arithmetic: in a packed pass of 8 rows on SmolLM2 those were about half the pass.
-//! Here each (head, row) is a dot product per key, a softmax and a weighted sum of values, with
+//! Here each (row, head) is a dot product per key, a softmax and a weighted sum of values, with
 //! no copy. f32 on CPU only; elsewhere [`rows`] answers `None` and the caller takes the generic
 //! path.
 
@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use super::RowKeys;
 use crate::kernels::Path;
 
-/// Lanes of the dot product's partial sums: a multiple of every SIMD width LLVM targets here.
+/// Lanes of the scalar path's partial sums, so that it vectorizes (two SSE registers).
 const LANES: usize = 8;
 
 /// The data of a strided `(1, heads, len, head_dim)` f32 tensor on CPU.
