@@ -15,9 +15,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
+use lmhost_candle::batch::decode_pass;
 use lmhost_candle::kv::KvState;
-use lmhost_candle::models::Seq;
-use lmhost_candle::weights;
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
@@ -78,19 +77,12 @@ fn main() -> anyhow::Result<()> {
                 Ok(kv)
             })
             .collect::<anyhow::Result<_>>()?;
-        let tokens: Vec<[u32; 1]> = (0..n).map(|i| [ids[context + i]]).collect();
+        let tokens: Vec<u32> = (0..n).map(|i| ids[context + i]).collect();
         let pass = |states: &mut [KvState]| -> anyhow::Result<()> {
-            let mut seqs: Vec<Seq<'_>> = states
-                .iter_mut()
-                .zip(&tokens)
-                .map(|(kv, ids)| Seq {
-                    ids,
-                    kv,
-                    share: None,
-                    logits_from: 0,
-                })
-                .collect();
-            weights::decoding(|| model.forward_packed(&mut seqs, false))?;
+            decode_pass(
+                &**model,
+                states.iter_mut().zip(&tokens).map(|(kv, t)| (kv, *t)),
+            )?;
             Ok(())
         };
         pass(&mut states)?;

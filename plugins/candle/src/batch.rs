@@ -21,6 +21,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use candle_core::Tensor;
 use lmhost_plugin_api::{lock_or_reset, PluginError};
 
 use crate::kv::KvState;
@@ -215,22 +216,10 @@ impl Batcher {
 
 /// One packed pass over `batch`, in the decode phase (the stored blocks through our kernels).
 fn run(model: &dyn CausalLm, mut batch: Vec<Step>) -> Vec<(u64, Stepped)> {
-    let tokens: Vec<[u32; 1]> = batch.iter().map(|s| [s.token]).collect();
-    let mut seqs: Vec<Seq<'_>> = batch
-        .iter_mut()
-        .zip(&tokens)
-        .map(|(step, ids)| Seq {
-            ids,
-            kv: &mut step.kv,
-            share: None,
-            logits_from: 0,
-        })
-        .collect();
-    let out = weights::decoding(|| model.forward_packed(&mut seqs, false));
-    drop(seqs);
+    let out = decode_pass(model, batch.iter_mut().map(|s| (&mut s.kv, s.token)));
     let rows = out.map_err(|e| PluginError::internal(format!("candle: {e}")));
     let rows: Vec<Result<Vec<f32>, PluginError>> = match rows {
-        Ok((logits, _)) => logits
+        Ok(logits) => logits
             .into_iter()
             .map(|l| {
                 l.ok_or_else(|| PluginError::internal("no logits"))
@@ -248,4 +237,25 @@ fn run(model: &dyn CausalLm, mut batch: Vec<Step>) -> Vec<(u64, Stepped)> {
         .zip(rows)
         .map(|(step, row)| (step.id, row.map(|row| (step.kv, row))))
         .collect()
+}
+
+/// One packed decode pass: each token after its state (one position longer after it), in the
+/// decode phase; each row's logits. What [`Batcher::step`] runs for the steps it packs.
+pub fn decode_pass<'a>(
+    model: &dyn CausalLm,
+    rows: impl IntoIterator<Item = (&'a mut KvState, u32)>,
+) -> candle_core::Result<Vec<Option<Tensor>>> {
+    let (states, tokens): (Vec<&mut KvState>, Vec<[u32; 1]>) =
+        rows.into_iter().map(|(kv, token)| (kv, [token])).unzip();
+    let mut seqs: Vec<Seq<'_>> = states
+        .into_iter()
+        .zip(&tokens)
+        .map(|(kv, ids)| Seq {
+            ids,
+            kv,
+            share: None,
+            logits_from: 0,
+        })
+        .collect();
+    weights::decoding(|| model.forward_packed(&mut seqs, false)).map(|(logits, _)| logits)
 }

@@ -568,7 +568,8 @@ fn decode_steps_wait_for_every_generation_decoding_now() {
 /// a greedy reply. (With `f32` weights candle's GEMM rounds differently with the row count.)
 #[test]
 fn a_packed_decode_row_equals_the_same_row_alone() {
-    use lmhost_candle::models::{Logits, Seq};
+    use lmhost_candle::batch::decode_pass;
+    use lmhost_candle::models::Logits;
     let dir = tempfile::tempdir().unwrap();
     for weights in ["auto", "compact"] {
         let b = backend(
@@ -590,20 +591,8 @@ fn a_packed_decode_row_equals_the_same_row_alone() {
             .collect();
         let step = |rows: &[usize]| -> Vec<Vec<f32>> {
             let mut kvs: Vec<_> = rows.iter().map(|&r| states[r].clone()).collect();
-            let ids: Vec<[u32; 1]> = rows.iter().map(|&r| [r as u32 + 3]).collect();
-            let mut seqs: Vec<Seq<'_>> = kvs
-                .iter_mut()
-                .zip(&ids)
-                .map(|(kv, ids)| Seq {
-                    ids,
-                    kv,
-                    share: None,
-                    logits_from: 0,
-                })
-                .collect();
-            let (logits, _) =
-                lmhost_candle::weights::decoding(|| model.forward_packed(&mut seqs, false))
-                    .unwrap();
+            let tokens = rows.iter().map(|&r| r as u32 + 3);
+            let logits = decode_pass(model, kvs.iter_mut().zip(tokens)).unwrap();
             logits
                 .into_iter()
                 .map(|l| l.unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap())
