@@ -73,6 +73,35 @@ fn score_batch_returns_each_prompts_record_in_order() {
     assert!(backend.score_batch(&[], "fish").unwrap().is_empty());
 }
 
+/// `generate_batch` crosses the ABI the same way (mock keeps its default body: one `generate`
+/// per prompt), and the host checks the config before the call.
+#[test]
+fn generate_batch_returns_each_prompts_reply_in_order() {
+    let backend = Host::new().open(&config("mock", "")).unwrap();
+    let prompts: Vec<_> = ["one fish", "two fish red fish", "blue whale"]
+        .iter()
+        .map(|&p| ConversationSnapshot::from_prompt(p))
+        .collect();
+    let generation = lmhost_plugin_api::GenerationConfig::default();
+    let texts = |records: Vec<lmhost_plugin_api::GenerationRecord>| -> Vec<String> {
+        records.into_iter().map(|r| r.text.into_string()).collect()
+    };
+    let one_by_one: Vec<_> = prompts
+        .iter()
+        .map(|p| backend.generate(p, &generation).unwrap())
+        .collect();
+    let batch = backend.generate_batch(&prompts, &generation).unwrap();
+    let batch = texts(batch);
+    assert_eq!(batch, texts(one_by_one));
+    assert_ne!(batch[0], batch[2], "prompts must matter");
+    let invalid = lmhost_plugin_api::GenerationConfig {
+        temperature: -1.0,
+        ..generation
+    };
+    let err = backend.generate_batch(&prompts, &invalid).unwrap_err();
+    assert!(err.to_string().contains("temperature"), "{err}");
+}
+
 #[test]
 fn unknown_name_lists_directories_and_plugins_found() {
     let err = generate("no-such-backend", "hi").unwrap_err();

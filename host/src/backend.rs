@@ -74,6 +74,21 @@ impl Backend {
             .map_err(|e| self.wrap(e))
     }
 
+    /// `generate` after each prompt, in order, decoded together where the backend can.
+    pub fn generate_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        config: &GenerationConfig,
+    ) -> Result<Vec<GenerationRecord>> {
+        config.validate().map_err(|e| self.wrap(e))?;
+        let records = self
+            .inner
+            .generate_batch(snapshots.into(), config)
+            .into_result()
+            .map_err(|e| self.wrap(e))?;
+        self.counted(records.into_vec(), snapshots.len(), "generate_batch")
+    }
+
     pub fn score(&self, snapshot: &ConversationSnapshot, reply: &str) -> Result<ScoreRecord> {
         self.inner
             .score(snapshot, RStr::from_str(reply))
@@ -92,14 +107,18 @@ impl Backend {
             .score_batch(snapshots.into(), RStr::from_str(reply))
             .into_result()
             .map_err(|e| self.wrap(e))?;
-        if records.len() != snapshots.len() {
+        self.counted(records.into_vec(), snapshots.len(), "score_batch")
+    }
+
+    /// A batch call's `records`, refused unless there is one per prompt.
+    fn counted<T>(&self, records: Vec<T>, prompts: usize, call: &str) -> Result<Vec<T>> {
+        if records.len() != prompts {
             return Err(self.wrap(PluginError::internal(format!(
-                "score_batch returned {} records for {} prompts",
-                records.len(),
-                snapshots.len()
+                "{call} returned {} records for {prompts} prompts",
+                records.len()
             ))));
         }
-        Ok(records.into_vec())
+        Ok(records)
     }
 
     /// The token ids the model runs for `snapshot`'s prompt (see the plugin API's `tokenize`).

@@ -116,6 +116,24 @@ pub trait GenerationBackend: Send + Sync {
         sink.token(&TokenDelta::from(&record));
         RResult::ROk(record)
     }
+
+    /// `generate` after each of `snapshots`, in order; fails whole, naming the prompt. A
+    /// backend that decodes several sequences at once overrides it; the default (and what a
+    /// plugin built before this method gets) generates one prompt at a time.
+    fn generate_batch(
+        &self,
+        snapshots: RSlice<'_, ConversationSnapshot>,
+        config: &GenerationConfig,
+    ) -> RResult<RVec<GenerationRecord>, PluginError> {
+        let mut records = RVec::with_capacity(snapshots.len());
+        for snapshot in snapshots.iter() {
+            match self.generate(snapshot, config) {
+                RResult::ROk(record) => records.push(record),
+                RResult::RErr(e) => return RResult::RErr(e),
+            }
+        }
+        RResult::ROk(records)
+    }
 }
 
 /// The owned, type-erased backend the host holds.

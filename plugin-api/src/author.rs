@@ -111,6 +111,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Ok(record)
     }
 
+    /// `generate` after each prompt, in order. Override it when the backend can do better than
+    /// one prompt at a time (sequences decoded together, concurrent requests).
+    fn generate_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        config: &GenerationConfig,
+    ) -> Result<Vec<GenerationRecord>, PluginError> {
+        snapshots.iter().map(|s| self.generate(s, config)).collect()
+    }
+
     /// One vector per text (see [`GenerationBackend::embed`]).
     fn embed(&self, _texts: &[String]) -> Result<Vec<EmbeddingRecord>, PluginError> {
         Err(PluginError::unsupported(format!(
@@ -246,6 +256,18 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
         guard(B::NAME, || {
             let texts: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
             self.0.embed(&texts).map(RVec::from)
+        })
+    }
+
+    fn generate_batch(
+        &self,
+        snapshots: RSlice<'_, ConversationSnapshot>,
+        config: &GenerationConfig,
+    ) -> RResult<RVec<GenerationRecord>, PluginError> {
+        guard(B::NAME, || {
+            self.0
+                .generate_batch(snapshots.as_slice(), config)
+                .map(RVec::from)
         })
     }
 }

@@ -6,6 +6,7 @@
 //! `lmhost-plugin-api` stays the bare contract; this crate is an optional toolkit on top of it,
 //! which third-party plugin authors may use too.
 
+pub mod concurrent;
 pub mod gguf;
 pub mod hf;
 pub mod prefix_cache;

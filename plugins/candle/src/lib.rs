@@ -31,7 +31,7 @@ use crate::audio_backend::{AudioBackend, SpeechModel};
 use crate::engine::Engine;
 use crate::options::Settings;
 use crate::text_model::TextModel;
-use lmhost_plugin_kit::prefix_cache;
+use lmhost_plugin_kit::{concurrent, prefix_cache};
 
 pub struct Candle {
     model_id: String,
@@ -136,6 +136,22 @@ impl Backend for Candle {
             record.token_ids.len(),
         );
         Ok(record)
+    }
+
+    /// A text model generates up to [`kernels::ROWS`] replies at once, so their decode steps
+    /// share packed passes (continuous batching, [`batch`]); a speech model one at a time.
+    fn generate_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        config: &GenerationConfig,
+    ) -> Result<Vec<GenerationRecord>, PluginError> {
+        let workers = match &self.model {
+            Model::Text(_) => kernels::ROWS,
+            Model::Speech(_) => 1,
+        };
+        concurrent::each(snapshots, workers, |snapshot| {
+            self.generate(snapshot, config)
+        })
     }
 
     fn score(

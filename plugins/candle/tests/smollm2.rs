@@ -364,3 +364,51 @@ fn concurrent_generations_share_decode_passes_and_match_one_at_a_time() {
         "{steps} steps in {passes} passes: none shared"
     );
 }
+
+/// `generate_batch` (what explain's generation-based values call) decodes the batch's replies
+/// together in packed passes, more prompts than one pass carries included, and each reply is
+/// the one its prompt gets alone.
+#[test]
+fn generate_batch_decodes_together_and_matches_one_at_a_time() {
+    let b = open(json!({}));
+    b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
+        enabled: true,
+        max_entries: 64,
+        max_bytes: 0,
+    })
+    .unwrap();
+    let facts = [
+        "The museum opens at 10 am.",
+        "It is closed on Mondays.",
+        "Tickets cost 5 euros.",
+        "The cafe serves tea.",
+    ];
+    // Coalitions of the facts, as explain sends them: prompts sharing prefixes.
+    let prompts: Vec<ConversationSnapshot> = (0..9u32)
+        .map(|mask| {
+            let kept: Vec<&str> = (0..facts.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| facts[i])
+                .collect();
+            let text = format!("{} When does the museum open?", kept.join(" "));
+            ConversationSnapshot::from_prompt(text.trim_start())
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| b.generate(p, &greedy(8)).unwrap().token_ids.to_vec())
+        .collect();
+    let (passes_before, steps_before) = b.decode_passes();
+    let started = std::time::Instant::now();
+    let batch = b.generate_batch(&prompts, &greedy(8)).unwrap();
+    println!("batch in {:?}", started.elapsed());
+    let together: Vec<Vec<u32>> = batch.iter().map(|r| r.token_ids.to_vec()).collect();
+    assert_eq!(together, alone);
+    let (passes, steps) = b.decode_passes();
+    let (passes, steps) = (passes - passes_before, steps - steps_before);
+    println!("{steps} decode steps in {passes} passes");
+    assert!(
+        2 * passes < steps,
+        "{steps} steps in {passes} passes: fewer than two rows a pass"
+    );
+}

@@ -21,7 +21,6 @@ pub mod flavor;
 pub mod score;
 pub mod tokens;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -31,6 +30,7 @@ use lmhost_plugin_api::{
     Logger, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord, TokenDelta,
     TokenizeRecord,
 };
+use lmhost_plugin_kit::concurrent;
 use lmhost_plugin_kit::prompt::PromptFormat;
 use lmhost_plugin_kit::template::ChatTemplate;
 
@@ -267,49 +267,20 @@ impl Backend for OpenAi {
         snapshots: &[ConversationSnapshot],
         reply: &str,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let next = AtomicUsize::new(0);
-        let workers = self.client.concurrency().min(snapshots.len());
-        let work = || {
-            let mut done = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(snapshot) = snapshots.get(i) else {
-                    return done;
-                };
-                let record = self.score(snapshot, reply);
-                if record.is_err() {
-                    next.store(snapshots.len(), Ordering::Relaxed); // the batch fails whole
-                }
-                done.push((i, record));
-            }
-        };
-        let mut results: Vec<Option<Result<ScoreRecord, PluginError>>> =
-            (0..snapshots.len()).map(|_| None).collect();
-        std::thread::scope(|scope| {
-            let pool: Vec<_> = (0..workers).map(|_| scope.spawn(work)).collect();
-            for worker in pool {
-                let done = worker
-                    .join()
-                    .map_err(|_| PluginError::internal("a scoring worker thread panicked"))?;
-                for (i, record) in done {
-                    results[i] = Some(record);
-                }
-            }
-            Ok::<_, PluginError>(())
-        })?;
-        let first_error = results.iter().position(|r| matches!(r, Some(Err(_))));
-        if let Some(i) = first_error {
-            if let Some(Some(Err(e))) = results.get_mut(i).map(Option::take) {
-                return Err(PluginError::new(
-                    e.kind,
-                    format!("prompt {i} of the batch: {}", e.message),
-                ));
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(PluginError::internal("a prompt was not scored"))))
-            .collect()
+        concurrent::each(snapshots, self.client.concurrency(), |snapshot| {
+            self.score(snapshot, reply)
+        })
+    }
+
+    /// Concurrent requests, as `score_batch` sends them: the server decodes them together.
+    fn generate_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        config: &GenerationConfig,
+    ) -> Result<Vec<GenerationRecord>, PluginError> {
+        concurrent::each(snapshots, self.client.concurrency(), |snapshot| {
+            self.generate(snapshot, config)
+        })
     }
 
     fn stats(&self) -> BackendStats {

@@ -32,7 +32,7 @@ pub const BLOCK: usize = 32;
 /// decode rows cheaper than as many single-row passes. Eight: a packed pass of eight
 /// sequences unpacks each block once (9% faster than two tiles of four on SmolLM2), and the
 /// AVX-512 kernels' eight accumulators still leave registers for the unpacked block.
-const ROWS: usize = 8;
+pub const ROWS: usize = 8;
 
 /// Weight rows computed together, one per 128-bit lane of the AVX-512 kernels.
 const WROWS: usize = 4;
