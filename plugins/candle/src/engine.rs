@@ -322,25 +322,40 @@ impl Engine {
         snapshot: &ConversationSnapshot,
         store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<Started, PluginError> {
-        let prompt = self.front.prompt_ids(snapshot, 0)?;
-        let item = Item {
-            prompt_len: prompt.len(),
-            tokens: prompt,
-            scored: Vec::new(),
-        };
-        let mut ran = None;
-        self.run(std::slice::from_ref(&item), store, |_, r| {
-            ran = Some(r);
+        self.start_batch(std::slice::from_ref(snapshot), store)?
+            .pop()
+            .ok_or_else(|| PluginError::internal("no prompt state"))
+    }
+
+    /// Runs generations' prompts in packed passes (as scoring does), each from its longest
+    /// cached prefix or an earlier prompt's of the same pass; one [`Started`] per snapshot.
+    pub fn start_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        store: Option<&mut dyn PrefixStore<KvState>>,
+    ) -> Result<Vec<Started>, PluginError> {
+        let items = snapshots
+            .iter()
+            .map(|snapshot| {
+                let prompt = self.front.prompt_ids(snapshot, 0)?;
+                Ok(Item {
+                    prompt_len: prompt.len(),
+                    tokens: prompt,
+                    scored: Vec::new(),
+                })
+            })
+            .collect::<Result<Vec<Item>, PluginError>>()?;
+        let mut started = Vec::with_capacity(items.len());
+        self.run(&items, store, |item, Ran { kv, reused, logits }| {
+            started.push(Started {
+                prompt_len: item.prompt_len,
+                kv,
+                reused,
+                row: rows(&logits)?.pop().unwrap_or_default(),
+            });
             Ok(())
         })?;
-        let Ran { kv, reused, logits } =
-            ran.ok_or_else(|| PluginError::internal("no prompt state"))?;
-        Ok(Started {
-            prompt_len: item.prompt_len,
-            kv,
-            reused,
-            row: rows(&logits)?.pop().unwrap_or_default(),
-        })
+        Ok(started)
     }
 
     /// Samples the reply after a started prompt; `step(token, kv)` runs one decode step (alone,

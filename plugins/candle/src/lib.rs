@@ -31,7 +31,7 @@ use crate::audio_backend::{AudioBackend, SpeechModel};
 use crate::engine::Engine;
 use crate::options::Settings;
 use crate::text_model::TextModel;
-use lmhost_plugin_kit::{concurrent, prefix_cache};
+use lmhost_plugin_kit::prefix_cache;
 
 pub struct Candle {
     model_id: String,
@@ -138,20 +138,28 @@ impl Backend for Candle {
         Ok(record)
     }
 
-    /// A text model generates up to [`kernels::ROWS`] replies at once, so their decode steps
-    /// share packed passes (continuous batching, [`batch`]); a speech model one at a time.
+    /// A text model runs a batch's prompts in packed passes and decodes their replies
+    /// together (see [`TextModel::generate_batch`]); a speech model one at a time.
     fn generate_batch(
         &self,
         snapshots: &[ConversationSnapshot],
         config: &GenerationConfig,
     ) -> Result<Vec<GenerationRecord>, PluginError> {
-        let workers = match &self.model {
-            Model::Text(_) => kernels::ROWS,
-            Model::Speech(_) => 1,
+        config.validate()?;
+        let records = match &self.model {
+            Model::Text(text) => text.generate_batch(snapshots, config, &self.pool)?,
+            Model::Speech(_) => {
+                return snapshots.iter().map(|s| self.generate(s, config)).collect();
+            }
         };
-        concurrent::each(snapshots, workers, |snapshot| {
-            self.generate(snapshot, config)
-        })
+        for record in &records {
+            self.count(
+                record.prompt_tokens,
+                record.cached_prompt_tokens,
+                record.token_ids.len(),
+            );
+        }
+        Ok(records)
     }
 
     fn score(

@@ -16,11 +16,11 @@ use lmhost_plugin_api::{
 };
 
 use crate::batch::Batcher;
-use crate::engine::Engine;
+use crate::engine::{Engine, Started};
 use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
-use crate::{attention, source, weights};
+use crate::{attention, kernels, source, weights};
 use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache};
 
 /// Runs `f` on `pool`, outside the decode phase (see [`weights::prefilling`]).
@@ -71,6 +71,64 @@ impl TextModel {
             self.batcher
                 .prompt(|| install(pool, || engine.start(snapshot, store)))
         })?;
+        self.decode(&engine, started, config, sink, pool)
+    }
+
+    /// [`kernels::ROWS`] prompts at a time: their prompts in packed passes, then their replies
+    /// decoded together (one thread each, their steps packed by the batcher). So a batch costs
+    /// about what its longest reply does, and holds the states of only one group.
+    pub fn generate_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        config: &GenerationConfig,
+        pool: &rayon::ThreadPool,
+    ) -> Result<Vec<GenerationRecord>, PluginError> {
+        snapshots
+            .iter()
+            .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
+        let engine = self.engine(pool)?;
+        let mut records = Vec::with_capacity(snapshots.len());
+        for (g, group) in snapshots.chunks(kernels::ROWS).enumerate() {
+            let started = self.with_store(|store| {
+                self.batcher
+                    .prompt(|| install(pool, || engine.start_batch(group, store)))
+            })?;
+            let decoded: Vec<Result<GenerationRecord, PluginError>> = std::thread::scope(|s| {
+                let threads: Vec<_> = started
+                    .into_iter()
+                    .map(|started| {
+                        let engine = &engine;
+                        s.spawn(move || self.decode(engine, started, config, &mut |_| true, pool))
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join().unwrap_or_else(|_| {
+                            Err(PluginError::internal("a generation thread panicked"))
+                        })
+                    })
+                    .collect()
+            });
+            for (i, record) in decoded.into_iter().enumerate() {
+                let i = g * kernels::ROWS + i;
+                records.push(record.map_err(|e| {
+                    PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
+                })?);
+            }
+        }
+        Ok(records)
+    }
+
+    /// Samples a started prompt's reply, each decode step packed with the other generations'.
+    fn decode(
+        &self,
+        engine: &Engine,
+        started: Started,
+        config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
+        pool: &rayon::ThreadPool,
+    ) -> Result<GenerationRecord, PluginError> {
         let model = &*engine.model;
         let _decoding = self.batcher.join();
         let mut record = engine.finish(started, config, sink, &mut |token, kv| {
