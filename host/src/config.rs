@@ -72,8 +72,13 @@ impl From<KvCacheConfig> for KvCacheSettings {
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExplanationConfig {
-    /// `"messages"`, `"sentences"` or `"words"`.
+    /// `"messages"`, `"sentences"`, `"words"` or `"auto"` (messages, then the strongest
+    /// refined level by level; see [`crate::explain::hierarchy`]).
     pub players: Granularity,
+    /// With `players = "auto"`: players refined at each level (1 to 4).
+    pub refine_top: usize,
+    /// With `players = "auto"`: `"sentences"` or `"words"`, the finest level refined to.
+    pub refine_to: Granularity,
     /// Only messages of these roles hold players; empty means all.
     pub roles: Vec<Role>,
     /// Only these turns hold players (0 first, -1 last); empty means all.
@@ -121,6 +126,8 @@ impl Default for ExplanationConfig {
         let estimator = EstimatorSettings::default();
         ExplanationConfig {
             players: Granularity::default(),
+            refine_top: 1,
+            refine_to: Granularity::Words,
             roles: Vec::new(),
             turns: Vec::new(),
             absence: AbsenceKind::default(),
@@ -143,6 +150,8 @@ impl Default for ExplanationConfig {
     }
 }
 
+/// The most players `players = "auto"` refines at one level.
+const MAX_REFINE_TOP: usize = 4;
 /// Held-out coalitions of a sampled run unless `holdout` says otherwise.
 pub const DEFAULT_HOLDOUT: usize = 16;
 /// The most held-out coalitions a run may ask for.
@@ -170,6 +179,20 @@ impl ExplanationConfig {
             ));
         }
         self.stopping().check_settings(self.estimator)?;
+        if !(1..=MAX_REFINE_TOP).contains(&self.refine_top) {
+            return Err(format!(
+                "[explanation] `refine_top` must be >= 1 and <= {MAX_REFINE_TOP} (each refined \
+                 player adds up to {} to the next level, and `exact` takes 2^players). Given: {}",
+                crate::explain::hierarchy::FANOUT,
+                self.refine_top
+            ));
+        }
+        if !matches!(self.refine_to, Granularity::Sentences | Granularity::Words) {
+            return Err(format!(
+                "[explanation] `refine_to` must be \"sentences\" or \"words\". Given: \"{}\"",
+                self.refine_to
+            ));
+        }
         if self.batch_size == 0 {
             return Err("[explanation] `batch_size` must be >= 1. Given: 0".into());
         }

@@ -24,8 +24,8 @@ use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
 use crate::explain::value::ValueFunction;
 use crate::explain::{
-    value, BaseAnswer, EstimatorSettings, Evaluation, Explanation, Job, Model, Need, Plan, Players,
-    Stopped,
+    hierarchy, value, BaseAnswer, EstimatorSettings, Evaluation, Explanation, Granularity, Job,
+    Model, Need, Plan, Players, Stopped,
 };
 use crate::run_store::{digest, prompt_key, RunStore};
 
@@ -92,6 +92,9 @@ pub struct Outcome {
     pub explanation: Explanation,
     pub players: Players,
     pub reply: String,
+    /// The answer's tokens as text, one per column of `explanation.per_token` (empty without
+    /// it); `#1`, `#2`… where the backend cannot say.
+    pub answer_tokens: Vec<String>,
     pub reply_source: ReplySource,
     pub settings: ExplanationConfig,
     pub plugin: String,
@@ -99,6 +102,28 @@ pub struct Outcome {
     pub stats: RunStats,
     /// How the rounds went, for a run with a stopping rule.
     pub stopped: Option<Stopped>,
+    /// With `players = "auto"`, the levels after the first, in the order they ran.
+    pub refinements: Vec<Refinement>,
+}
+
+/// A level of a hierarchical run: the parts of the players the level before refined, with
+/// the rest of the conversation present (see [`crate::explain::hierarchy`]).
+#[derive(Debug, Clone)]
+pub struct Refinement {
+    /// In player order, the id of the player each one is a part of.
+    pub parents: Vec<String>,
+    pub players: Players,
+    pub explanation: Explanation,
+    pub stopped: Option<Stopped>,
+}
+
+/// What a run found: the first level (the only one unless `players = "auto"`) and the levels
+/// refining it.
+pub(crate) struct Levels {
+    pub job: Job,
+    pub explanation: Explanation,
+    pub stopped: Option<Stopped>,
+    pub refinements: Vec<Refinement>,
 }
 
 impl Outcome {
@@ -148,10 +173,18 @@ impl Model for BackendModel<'_> {
         prompt: &ConversationSnapshot,
         embeddings: bool,
     ) -> std::result::Result<GenerationRecord, String> {
-        let mut config = self.generation.clone();
-        config.compute_embeddings |= embeddings;
         self.backend
-            .generate(prompt, &config)
+            .generate(prompt, &self.config(embeddings))
+            .map_err(|e| e.to_string())
+    }
+
+    fn generate_batch(
+        &self,
+        prompts: &[ConversationSnapshot],
+        embeddings: bool,
+    ) -> std::result::Result<Vec<GenerationRecord>, String> {
+        self.backend
+            .generate_batch(prompts, &self.config(embeddings))
             .map_err(|e| e.to_string())
     }
 
@@ -171,6 +204,15 @@ impl Model for BackendModel<'_> {
         self.backend
             .score_batch(prompts, reply)
             .map_err(|e| e.to_string())
+    }
+}
+
+impl BackendModel<'_> {
+    /// The run's generation settings, asking for embeddings when `embeddings` is set.
+    fn config(&self, embeddings: bool) -> GenerationConfig {
+        let mut config = self.generation.clone();
+        config.compute_embeddings |= embeddings;
+        config
     }
 }
 
@@ -234,9 +276,16 @@ pub fn run(
         stats_before: &stats_before,
         started,
     };
-    let (job, explanation, stopped) = in_rounds(players, plan, &settings, |prompts| {
+    let levels = explain_levels(players, plan, &settings, |prompts| {
         evaluator.values(prompts)
     })?;
+    let widest = levels.token_width();
+    let Levels {
+        job,
+        explanation,
+        stopped,
+        refinements,
+    } = levels;
     evaluator.bar.finish_and_clear();
     let mut stats = evaluator.stats;
     let after = backend.stats();
@@ -249,18 +298,114 @@ pub fn run(
     stats.kv_cache_evictions = after
         .kv_cache_evictions
         .saturating_sub(stats_before.kv_cache_evictions);
+    let answer_tokens = match widest {
+        0 => Vec::new(),
+        widest => answer_tokens(backend, conversation, &base.text, widest),
+    };
     stats.wall_time_s = started.elapsed().as_secs_f64();
     Ok(Outcome {
         explanation,
         players: job.players().clone(),
         reply: base.text,
+        answer_tokens,
         reply_source,
         settings,
         plugin: backend.plugin().to_string(),
         model_id: backend.model_id(),
         stats,
         stopped,
+        refinements,
     })
+}
+
+impl Levels {
+    /// The most answer tokens any level's per-token matrix has (0: none has one).
+    pub fn token_width(&self) -> usize {
+        std::iter::once(&self.explanation)
+            .chain(self.refinements.iter().map(|level| &level.explanation))
+            .filter_map(|e| e.per_token.as_deref().map(width))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Explains the first level with `plan` and, with `players = "auto"`, refines it level by
+/// level (each through [`in_rounds`]) until no strong player can split further. `reanalyze`
+/// replays the same levels from the run directory: each choice depends only on values.
+pub(crate) fn explain_levels(
+    players: Players,
+    plan: Plan,
+    settings: &ExplanationConfig,
+    mut values: impl FnMut(&[ConversationSnapshot]) -> Result<Vec<Evaluation>>,
+) -> Result<Levels> {
+    let (job, explanation, stopped) = in_rounds(players, plan, settings, &mut values)?;
+    let mut refinements: Vec<Refinement> = Vec::new();
+    if settings.players == Granularity::Auto {
+        loop {
+            let (players, explanation) = match refinements.last() {
+                Some(level) => (&level.players, &level.explanation),
+                None => (job.players(), &explanation),
+            };
+            let Some((parts, parents)) = hierarchy::refine(
+                players,
+                explanation,
+                settings.refine_top,
+                settings.refine_to,
+            ) else {
+                break;
+            };
+            let plan = Plan::new(parts.len(), &settings.estimator_settings())?;
+            let (job, explanation, stopped) = in_rounds(parts, plan, settings, &mut values)?;
+            refinements.push(Refinement {
+                parents,
+                players: job.players().clone(),
+                explanation,
+                stopped,
+            });
+        }
+    }
+    Ok(Levels {
+        job,
+        explanation,
+        stopped,
+        refinements,
+    })
+}
+
+/// Answer tokens in a `[player][token]` matrix.
+pub fn width(matrix: &[Vec<f64>]) -> usize {
+    matrix.first().map_or(0, Vec::len)
+}
+
+/// `width` labels for the answer's tokens: the pieces of `reply` as the backend scores it
+/// after `conversation`, each detokenized on its own; `#n` for the `n`th where it cannot
+/// score or detokenize, or where a generated reply ran longer than the answer.
+fn answer_tokens(
+    backend: &Backend,
+    conversation: &ConversationSnapshot,
+    reply: &str,
+    width: usize,
+) -> Vec<String> {
+    let pieces: Vec<String> = backend
+        .score(conversation, reply)
+        .ok()
+        .and_then(|record| {
+            let each = record
+                .token_ids
+                .iter()
+                .map(|&id| backend.detokenize(&[id]).ok());
+            each.collect()
+        })
+        .unwrap_or_default();
+    positional(pieces, width)
+}
+
+/// `pieces` cut or filled with `#n` labels to `width`.
+pub(crate) fn positional(mut pieces: Vec<String>, width: usize) -> Vec<String> {
+    pieces.truncate(width);
+    let known = pieces.len();
+    pieces.extend((known..width).map(|t| format!("#{}", t + 1)));
+    pieces
 }
 
 /// Gives prompts their values: from this run's earlier rounds, the run directory or the
@@ -273,7 +418,7 @@ struct Evaluator<'a> {
     /// What the run directory held when the run began.
     stored: HashMap<String, Evaluation>,
     /// Values this run has so far, by prompt key.
-    known: HashMap<String, f64>,
+    known: HashMap<String, Evaluation>,
     batch_size: usize,
     bar: ProgressBar,
     on_progress: Option<ProgressFn>,
@@ -286,7 +431,7 @@ struct Evaluator<'a> {
 
 impl Evaluator<'_> {
     /// One value per prompt, in order.
-    fn values(&mut self, prompts: &[ConversationSnapshot]) -> Result<Vec<f64>> {
+    fn values(&mut self, prompts: &[ConversationSnapshot]) -> Result<Vec<Evaluation>> {
         let keys: Vec<String> = prompts.iter().map(prompt_key).collect();
         let new: Vec<(&ConversationSnapshot, &String)> = prompts
             .iter()
@@ -310,7 +455,7 @@ impl Evaluator<'_> {
                 });
             }
         }
-        Ok(keys.iter().map(|key| self.known[key]).collect())
+        Ok(keys.iter().map(|key| self.known[key].clone()).collect())
     }
 
     fn evaluate_batch(&mut self, batch: &[(&ConversationSnapshot, &String)]) -> Result<()> {
@@ -336,7 +481,7 @@ impl Evaluator<'_> {
             let evaluation = match self.stored.get(key) {
                 Some(e) => {
                     self.stats.reused_from_run_dir += 1;
-                    *e
+                    e.clone()
                 }
                 None => {
                     let e = fresh
@@ -362,7 +507,7 @@ impl Evaluator<'_> {
                 }
                 .into());
             }
-            self.known.insert(key.clone(), evaluation.value);
+            self.known.insert(key.clone(), evaluation);
             self.bar.inc(1);
         }
         let rate = self.bar.position() as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
@@ -382,12 +527,17 @@ pub(crate) fn in_rounds(
     players: Players,
     plan: Plan,
     settings: &ExplanationConfig,
-    mut values: impl FnMut(&[ConversationSnapshot]) -> Result<Vec<f64>>,
+    mut values: impl FnMut(&[ConversationSnapshot]) -> Result<Vec<Evaluation>>,
 ) -> Result<(Job, Explanation, Option<Stopped>)> {
     let stopping = settings.stopping();
     let mut explain = |plan: Plan| -> Result<(Job, Explanation)> {
         let job = job(players.clone(), plan, settings);
-        let explanation = job.finish(&values(job.prompts())?);
+        let (totals, tokens): (Vec<f64>, Vec<Vec<f64>>) = values(job.prompts())?
+            .into_iter()
+            .map(|e| (e.value, e.tokens))
+            .unzip();
+        let mut explanation = job.finish(&totals);
+        explanation.per_token = job.per_token(&tokens);
         Ok((job, explanation))
     };
     if !stopping.is_on() {

@@ -21,7 +21,8 @@ use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
 use crate::explain::{BaseAnswer, EstimatorKind, Plan, Players};
 use crate::explain_run::{
-    answer_key, in_rounds, run_key, setup_key, Outcome, ReplySource, RunStats,
+    answer_key, explain_levels, positional, run_key, setup_key, Levels, Outcome, ReplySource,
+    RunStats,
 };
 use crate::run_store::{prompt_key, RunStore};
 use crate::{plugins, Host};
@@ -84,11 +85,11 @@ pub fn run(
 
     let stored = store.load(&run_key)?;
     let mut needed = 0;
-    let (job, explanation, stopped) = in_rounds(players, plan, &settings, |prompts| {
+    let levels = explain_levels(players, plan, &settings, |prompts| {
         needed = prompts.len();
-        let values: Vec<f64> = prompts
+        let values: Vec<_> = prompts
             .iter()
-            .filter_map(|p| stored.get(&prompt_key(p)).map(|e| e.value))
+            .filter_map(|p| stored.get(&prompt_key(p)).cloned())
             .collect();
         let missing = needed - values.len();
         if missing > 0 {
@@ -99,7 +100,7 @@ pub fn run(
                 stored.is_empty(),
             )));
         }
-        if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+        if let Some(v) = values.iter().map(|e| e.value).find(|v| !v.is_finite()) {
             return Err(crate::explain::ExplainError::Model {
                 what: "a coalition".into(),
                 message: format!("its stored value is {v} (not a finite number)"),
@@ -108,16 +109,26 @@ pub fn run(
         }
         Ok(values)
     })?;
+    let width = levels.token_width();
+    let Levels {
+        job,
+        explanation,
+        stopped,
+        refinements,
+    } = levels;
+    // No backend to name the answer's tokens: they are numbered.
     Ok(Outcome {
         explanation,
         players: job.players().clone(),
         reply: base.text,
+        answer_tokens: positional(Vec::new(), width),
         reply_source,
         settings,
         plugin,
         // The backend is not opened: the model is named as the config names it.
         model_id: config.backend.model_id.clone(),
         stopped,
+        refinements,
         stats: RunStats {
             reused_from_run_dir: needed,
             kv_cache_enabled: config.explanation.kv_cache,

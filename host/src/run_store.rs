@@ -11,7 +11,9 @@
 //! sha256 of its samples (see [`crate::explain::schedule::audio_digest`]), its rate and its
 //! length, never the samples; the prompt key is hashed as the JSON streams, never held whole.
 //! Directories written before this (`user_version` 0) read as they are: the keys are the same
-//! and nothing reads `prompt_json` back. A directory of a newer format is refused by name.
+//! and nothing reads `prompt_json` back. Format 2 adds each value's parts by answer token
+//! (`token_values`, a JSON array); an older directory gains the column, and its rows read with
+//! no token parts. A directory of a newer format is refused by name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,8 +27,8 @@ use crate::explain::schedule::audio_digest;
 use crate::explain::{BaseAnswer, Evaluation};
 
 /// The format this build writes, kept in SQLite's `user_version`. 0 (before it was kept) reads
-/// the same: the keys did not change, only audio's `prompt_json` did.
-const FORMAT: i64 = 1;
+/// the same: the keys did not change, only audio's `prompt_json` did; 2 added `token_values`.
+const FORMAT: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS coalition_values (
@@ -36,6 +38,7 @@ CREATE TABLE IF NOT EXISTS coalition_values (
     prompt_tokens INTEGER NOT NULL,
     cached_prompt_tokens INTEGER NOT NULL,
     prompt_json TEXT NOT NULL,
+    token_values TEXT,
     PRIMARY KEY (run_key, prompt_key)
 );
 CREATE TABLE IF NOT EXISTS base_answers (
@@ -122,6 +125,21 @@ pub fn stored_prompt_json(prompt: &ConversationSnapshot) -> String {
     serde_json::Value::Array(turns).to_string()
 }
 
+/// Brings a store of an older format to [`FORMAT`]: the table made before `token_values`
+/// gains the column (empty for its rows).
+fn upgrade(conn: &Connection) -> rusqlite::Result<()> {
+    let has_tokens: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('coalition_values') \
+         WHERE name = 'token_values'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_tokens {
+        conn.execute_batch("ALTER TABLE coalition_values ADD COLUMN token_values TEXT")?;
+    }
+    conn.pragma_update(None, "user_version", FORMAT)
+}
+
 impl RunStore {
     /// Opens (creating) `dir/values.sqlite`.
     pub fn open(dir: &Path) -> Result<RunStore> {
@@ -154,8 +172,7 @@ impl RunStore {
             )));
         }
         if format < FORMAT {
-            conn.pragma_update(None, "user_version", FORMAT)
-                .map_err(|e| fail(format!("cannot mark {}: {e}", path.display())))?;
+            upgrade(&conn).map_err(|e| fail(format!("cannot upgrade {}: {e}", path.display())))?;
         }
         Ok(RunStore { path, conn })
     }
@@ -172,7 +189,7 @@ impl RunStore {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT prompt_key, value, prompt_tokens, cached_prompt_tokens \
+                "SELECT prompt_key, value, prompt_tokens, cached_prompt_tokens, token_values \
                  FROM coalition_values WHERE run_key = ?1",
             )
             .map_err(|e| self.error(e))?;
@@ -182,6 +199,10 @@ impl RunStore {
                     row.get::<_, String>(0)?,
                     Evaluation {
                         value: row.get(1)?,
+                        tokens: row
+                            .get::<_, Option<String>>(4)?
+                            .and_then(|json| serde_json::from_str(&json).ok())
+                            .unwrap_or_default(),
                         prompt_tokens: row.get::<_, i64>(2)? as u64,
                         cached_prompt_tokens: row.get::<_, i64>(3)? as u64,
                     },
@@ -200,18 +221,22 @@ impl RunStore {
         evaluation: &Evaluation,
     ) -> Result<()> {
         let json = stored_prompt_json(prompt);
+        let tokens = (!evaluation.tokens.is_empty())
+            .then(|| serde_json::to_string(&evaluation.tokens).ok())
+            .flatten();
         self.conn
             .execute(
                 "INSERT OR REPLACE INTO coalition_values \
-                 (run_key, prompt_key, value, prompt_tokens, cached_prompt_tokens, prompt_json) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                 (run_key, prompt_key, value, prompt_tokens, cached_prompt_tokens, prompt_json, \
+                 token_values) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![
                     run_key,
                     prompt_key(prompt),
                     evaluation.value,
                     evaluation.prompt_tokens as i64,
                     evaluation.cached_prompt_tokens as i64,
-                    json
+                    json,
+                    tokens
                 ],
             )
             .map_err(|e| self.error(e))?;
@@ -260,6 +285,7 @@ mod tests {
         let prompt = ConversationSnapshot::from_prompt("hi");
         let e = Evaluation {
             value: -1.25,
+            tokens: vec![-1.0, -0.25],
             prompt_tokens: 3,
             cached_prompt_tokens: 1,
         };
@@ -321,18 +347,35 @@ mod tests {
     fn a_store_of_a_newer_format_is_refused_and_an_older_one_is_upgraded() {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("values.sqlite")).unwrap();
-        conn.execute_batch(SCHEMA).unwrap();
+        // Format 1's table, and a value in it.
+        conn.execute_batch(
+            "CREATE TABLE coalition_values (run_key TEXT NOT NULL, prompt_key TEXT NOT NULL, \
+             value REAL NOT NULL, prompt_tokens INTEGER NOT NULL, \
+             cached_prompt_tokens INTEGER NOT NULL, prompt_json TEXT NOT NULL, \
+             PRIMARY KEY (run_key, prompt_key)); PRAGMA user_version = 1;",
+        )
+        .unwrap();
+        let old = ConversationSnapshot::from_prompt("old");
+        conn.execute(
+            "INSERT INTO coalition_values VALUES ('r', ?1, -3.0, 2, 0, '[]')",
+            [prompt_key(&old)],
+        )
+        .unwrap();
         drop(conn);
         let prompt = ConversationSnapshot::from_prompt("hi");
         let e = Evaluation {
             value: 0.5,
+            tokens: vec![0.25, 0.25],
             prompt_tokens: 1,
             cached_prompt_tokens: 0,
         };
-        RunStore::open(dir.path())
-            .unwrap()
-            .put("r", &prompt, &e)
-            .unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        store.put("r", &prompt, &e).unwrap();
+        let loaded = store.load("r").unwrap();
+        assert_eq!(loaded[&prompt_key(&prompt)], e);
+        let old = &loaded[&prompt_key(&old)];
+        assert_eq!((old.value, old.tokens.len()), (-3.0, 0));
+        drop(store);
         let conn = Connection::open(dir.path().join("values.sqlite")).unwrap();
         let format: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))

@@ -197,6 +197,10 @@ fn html_report_is_one_self_contained_page() {
     assert!(page.starts_with("<!DOCTYPE html>"));
     assert!(page.contains("When does the museum open on Saturday?"));
     assert!(page.contains("class=\"p\""), "players are shaded");
+    assert!(
+        page.contains("id=\"per-token\""),
+        "the token map's matrix is inline"
+    );
     let lower = page.to_lowercase();
     for external in [
         "src=\"http",
@@ -204,7 +208,7 @@ fn html_report_is_one_self_contained_page() {
         "src='http",
         "href='http",
         "<link",
-        "<script",
+        "<script src",
         "url(",
     ] {
         assert!(!lower.contains(external), "external asset: {external}");
@@ -360,4 +364,68 @@ fn sampled_runs_report_trust_on_held_out_coalitions_and_exact_runs_do_not() {
     let output = explain(&cfg, &["--estimator", "kernel", "--holdout", "2"]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("`holdout` must be 0 (off) or >= 3"));
+}
+
+/// `--players auto`: the messages, then the strongest player refined level by level down to
+/// words, each level's players parts of one player of the level before (exact: each level
+/// efficient); `--reanalyze` replays the same levels from the run directory.
+#[test]
+fn auto_players_refine_the_strongest_down_to_words_and_reanalyze_replays_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, again) = (dir.path().join("auto.json"), dir.path().join("again.json"));
+    let run_dir = dir.path().join("run");
+    let mock = config(dir.path(), "");
+    let args = |json: &Path| {
+        vec![
+            "--players".to_string(),
+            "auto".into(),
+            "--run-dir".into(),
+            run_dir.to_string_lossy().into_owned(),
+            "--json".into(),
+            json.to_string_lossy().into_owned(),
+        ]
+    };
+    let table = ok(explain(
+        &mock,
+        &args(&json).iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert!(table.contains("refined m"), "{table}");
+    let doc = read_json(&json);
+    let levels = doc["refinements"].as_array().unwrap();
+    assert!(levels.len() >= 2, "{doc}");
+    let mut previous = doc["players"].as_array().unwrap().clone();
+    for level in levels {
+        let refined = level["refined"].as_array().unwrap();
+        assert_eq!(refined.len(), 1, "one player refined a level by default");
+        let parent = previous
+            .iter()
+            .find(|p| p["id"] == refined[0])
+            .expect("the refined player is one of the level before");
+        let players = level["players"].as_array().unwrap();
+        assert!((2..=4).contains(&players.len()), "{level}");
+        for p in players {
+            assert_eq!(p["parent"], parent["id"]);
+            assert_eq!(p["message"], parent["message"]);
+            let (part, whole) = (
+                p["text"].as_str().unwrap(),
+                parent["text"].as_str().unwrap(),
+            );
+            assert!(whole.contains(part), "{part:?} is not part of {whole:?}");
+        }
+        let sum: f64 = players.iter().map(|p| p["value"].as_f64().unwrap()).sum();
+        let effect = level["v_all"].as_f64().unwrap() - level["v_none"].as_f64().unwrap();
+        assert!((sum - effect).abs() < 1e-9, "{sum} vs {effect}");
+        previous = players.clone();
+    }
+    assert!(previous
+        .iter()
+        .all(|p| p["id"].as_str().unwrap().contains(".w")));
+
+    let mut replay = args(&again);
+    replay.push("--reanalyze".into());
+    ok(explain(
+        &mock,
+        &replay.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert_eq!(read_json(&again)["refinements"], doc["refinements"]);
 }

@@ -96,6 +96,7 @@ fn a_minute_of_audio_gives_a_small_schedule_key_and_a_small_stored_row() {
     let store = RunStore::open(dir.path()).unwrap();
     let e = Evaluation {
         value: -2.5,
+        tokens: Vec::new(),
         prompt_tokens: 1500,
         cached_prompt_tokens: 0,
     };

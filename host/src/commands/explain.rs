@@ -25,9 +25,18 @@ pub struct Args {
     #[arg(long, value_name = "TEXT")]
     reply: Option<String>,
 
-    /// Players: messages, sentences or words.
+    /// Players: messages, sentences, words, or auto (messages, then the strongest refined
+    /// level by level).
     #[arg(long, value_name = "KIND")]
     players: Option<Granularity>,
+
+    /// With --players auto: players refined at each level (1 to 4).
+    #[arg(long, value_name = "K")]
+    refine_top: Option<usize>,
+
+    /// With --players auto: the finest level, sentences or words.
+    #[arg(long, value_name = "KIND")]
+    refine_to: Option<Granularity>,
 
     /// Only messages of these roles hold players (comma-separated: system,user,assistant).
     #[arg(long, value_name = "ROLES", value_delimiter = ',', value_parser = parse_role)]
@@ -141,6 +150,8 @@ impl Args {
         }
         set!(
             players,
+            refine_top,
+            refine_to,
             roles,
             turns,
             absence,

@@ -174,20 +174,31 @@ fn render_message(
             out.push_str(&text[layout.trail.clone()]);
         }
         Absence::Delete => {
-            let present: Vec<usize> = (0..layout.players.len())
-                .filter(|&k| coalition.contains(layout.players[k].0))
-                .collect();
-            if present.is_empty() {
+            // Text between two players is a separator (whitespace: kept only between present
+            // players) or fixed text (a refinement's players lie among text that stays).
+            let gap = |k: usize| &text[layout.players[k - 1].1.end..layout.players[k].1.start];
+            let fixed = |t: &str| !t.trim().is_empty();
+            let present = |k: usize| coalition.contains(layout.players[k].0);
+            let any_fixed = fixed(&text[layout.lead.clone()])
+                || fixed(&text[layout.trail.clone()])
+                || (1..layout.players.len()).any(|k| fixed(gap(k)));
+            if !any_fixed && !(0..layout.players.len()).any(present) {
                 return None;
             }
             out.push_str(&text[layout.lead.clone()]);
-            for (j, &k) in present.iter().enumerate() {
-                let span = &layout.players[k].1;
-                if j > 0 {
-                    // The separator that stood just before this player.
-                    out.push_str(&text[layout.players[k - 1].1.end..span.start]);
+            let mut since_fixed = false; // a present player since the last fixed text
+            for (k, (_, span)) in layout.players.iter().enumerate() {
+                if k > 0 && fixed(gap(k)) {
+                    out.push_str(gap(k));
+                    since_fixed = false;
                 }
-                out.push_str(&text[span.clone()]);
+                if present(k) {
+                    if k > 0 && since_fixed && !fixed(gap(k)) {
+                        out.push_str(gap(k));
+                    }
+                    out.push_str(&text[span.clone()]);
+                    since_fixed = true;
+                }
             }
             out.push_str(&text[layout.trail.clone()]);
         }

@@ -19,6 +19,7 @@
 pub mod coalition;
 pub mod error;
 pub mod estimators;
+pub mod hierarchy;
 pub mod players;
 pub mod schedule;
 pub mod settings;
@@ -153,7 +154,41 @@ impl Job {
             trust,
             coalitions: self.plan.coalitions().len(),
             unique_prompts: self.schedule.prompts.len(),
+            per_token: None,
         }
+    }
+
+    /// Attributions to each answer token from `tokens`, one list of token parts per prompt
+    /// in the order of `prompts()` (see [`Evaluation::tokens`]): `[player][token]`, each
+    /// column estimated from that token's values as [`Job::finish`] estimates the totals, so
+    /// a player's row sums to its value where the value is the tokens' sum. A prompt's list
+    /// shorter than the longest (a shorter generated reply) counts 0 for the tokens it lacks.
+    /// `None` when any prompt has no token parts.
+    pub fn per_token(&self, tokens: &[Vec<f64>]) -> Option<Vec<Vec<f64>>> {
+        assert_eq!(
+            tokens.len(),
+            self.schedule.prompts.len(),
+            "one list per prompt"
+        );
+        if tokens.iter().any(Vec::is_empty) {
+            return None;
+        }
+        let width = tokens.iter().map(Vec::len).max().unwrap_or(0);
+        let planned = &self.schedule.of_coalition[..self.plan.coalitions().len()];
+        let columns: Vec<Vec<f64>> = (0..width)
+            .map(|t| {
+                let column: Vec<f64> = planned
+                    .iter()
+                    .map(|&p| tokens[p].get(t).copied().unwrap_or(0.0))
+                    .collect();
+                self.plan.estimate(&column).values
+            })
+            .collect();
+        Some(
+            (0..self.players.len())
+                .map(|i| columns.iter().map(|column| column[i]).collect())
+                .collect(),
+        )
     }
 }
 
@@ -204,6 +239,9 @@ pub struct Explanation {
     pub coalitions: usize,
     /// Distinct prompts those coalitions and the held-out ones rendered to.
     pub unique_prompts: usize,
+    /// `[player][answer token]`: each player's attribution to each answer token's part of the
+    /// value (see [`Job::per_token`]); `None` for values not made of tokens.
+    pub per_token: Option<Vec<Vec<f64>>>,
 }
 
 #[cfg(test)]
@@ -241,6 +279,55 @@ mod tests {
         assert_eq!((e.v_all, e.v_none), (3.0, 0.0));
         assert_eq!(e.attributions[2].rank, 1);
         assert!(e.efficiency.unwrap().gap.abs() < 1e-12);
+    }
+
+    #[test]
+    fn per_token_attributions_split_each_players_value_by_answer_token() {
+        let conversation = ConversationSnapshot::from_prompt("yes no yes no no");
+        let spec = PlayerSpec {
+            granularity: Granularity::Words,
+            ..PlayerSpec::default()
+        };
+        let players = Players::split(&conversation, &spec).unwrap();
+        for kind in [EstimatorKind::Exact, EstimatorKind::Kernel] {
+            let settings = EstimatorSettings {
+                kind,
+                budget: 24,
+                ..EstimatorSettings::default()
+            };
+            let plan = Plan::new(players.len(), &settings).unwrap();
+            let job = Job::new(players.clone(), plan, &Absence::Delete, true);
+            // Two answer tokens: one counts the yeses, one the noes.
+            let count = |p: &ConversationSnapshot, word: &str| {
+                let text = p.messages().map(|m| m.text_content()).collect::<String>();
+                text.split_whitespace().filter(|w| *w == word).count() as f64
+            };
+            let tokens: Vec<Vec<f64>> = job
+                .prompts()
+                .iter()
+                .map(|p| vec![count(p, "yes"), count(p, "no")])
+                .collect();
+            let totals: Vec<f64> = tokens.iter().map(|t| t.iter().sum()).collect();
+            let e = job.finish(&totals);
+            let matrix = job.per_token(&tokens).unwrap();
+            for (i, row) in matrix.iter().enumerate() {
+                let word = &e.attributions[i].player.text;
+                let expected = if word == "yes" {
+                    [1.0, 0.0]
+                } else {
+                    [0.0, 1.0]
+                };
+                assert!(
+                    row.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-9),
+                    "{kind:?} player {i} ({word}): {row:?}"
+                );
+                let sum: f64 = row.iter().sum();
+                assert!((sum - e.attributions[i].value).abs() < 1e-9);
+            }
+            let mut without = tokens.clone();
+            without[0].clear();
+            assert_eq!(job.per_token(&without), None);
+        }
     }
 
     #[test]

@@ -36,6 +36,15 @@ pub struct Player {
     pub span: Range<usize>,
 }
 
+/// Where a player lies: a byte span of one message's text (`message` counts messages across
+/// turns), and its id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    pub message: usize,
+    pub span: Range<usize>,
+    pub id: String,
+}
+
 /// Where a message's players lie in its text: before, between and after them is fixed text.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct MessageLayout {
@@ -73,65 +82,98 @@ impl Players {
             }
             chosen_turns.push(index as usize);
         }
-        let mut players = Vec::new();
-        let mut layouts = Vec::new();
+        let mut units = Vec::new();
         let mut global = 0;
         for (t, turn) in conversation.turns.iter().enumerate() {
-            let mut turn_layouts = Vec::new();
             for message in turn.messages.iter() {
                 let selected = (spec.turns.is_empty() || chosen_turns.contains(&t))
                     && (spec.roles.is_empty() || spec.roles.contains(&message.role));
-                let text = message.text_content();
-                let spans = if selected {
-                    split_text(&text, spec.granularity)
-                } else {
-                    Vec::new()
-                };
-                let layout = (!spans.is_empty()).then(|| {
-                    let first = players.len();
-                    let layout = MessageLayout {
-                        lead: 0..spans[0].start,
-                        players: spans
-                            .iter()
-                            .enumerate()
-                            .map(|(k, span)| (first + k, span.clone()))
-                            .collect(),
-                        trail: spans[spans.len() - 1].end..text.len(),
-                    };
-                    for (k, span) in spans.iter().enumerate() {
+                if selected {
+                    let spans = split_text(&message.text_content(), spec.granularity);
+                    for (k, span) in spans.into_iter().enumerate() {
                         let id = match spec.granularity {
-                            Granularity::Messages => format!("m{global}"),
+                            // `auto` starts from messages (see `hierarchy`).
+                            Granularity::Messages | Granularity::Auto => format!("m{global}"),
                             Granularity::Sentences => format!("m{global}.s{k}"),
                             Granularity::Words => format!("m{global}.w{k}"),
                         };
-                        players.push(Player {
-                            id,
-                            text: player_text(message, &text[span.clone()]),
-                            role: message.role,
-                            turn: t,
+                        units.push(Unit {
                             message: global,
-                            span: span.clone(),
+                            span,
+                            id,
                         });
                     }
-                    layout
-                });
-                turn_layouts.push(layout);
+                }
                 global += 1;
             }
-            layouts.push(turn_layouts);
         }
-        if players.is_empty() {
+        if units.is_empty() {
             return Err(ExplainError::Players(format!(
                 "no players: splitting into {} with roles {:?} and turns {:?} selects no text; \
                  widen `roles` or `turns`",
                 spec.granularity, spec.roles, spec.turns
             )));
         }
-        Ok(Players {
+        Ok(Players::of_units(conversation, units))
+    }
+
+    /// Players made of `units` (disjoint, in conversation order); the rest of the text stays.
+    pub fn of_units(conversation: &ConversationSnapshot, units: Vec<Unit>) -> Players {
+        let mut players: Vec<Player> = Vec::with_capacity(units.len());
+        let mut layouts = Vec::new();
+        let mut global = 0;
+        let mut units = units.into_iter().peekable();
+        for (t, turn) in conversation.turns.iter().enumerate() {
+            let mut turn_layouts = Vec::new();
+            for message in turn.messages.iter() {
+                let text = message.text_content();
+                let first = players.len();
+                while let Some(unit) = units.next_if(|u| u.message == global) {
+                    players.push(Player {
+                        text: player_text(message, &text[unit.span.clone()]),
+                        id: unit.id,
+                        role: message.role,
+                        turn: t,
+                        message: global,
+                        span: unit.span,
+                    });
+                }
+                let mine = &players[first..];
+                turn_layouts.push(mine.first().zip(mine.last()).map(|(a, z)| MessageLayout {
+                    lead: 0..a.span.start,
+                    players: (first..).zip(mine.iter().map(|p| p.span.clone())).collect(),
+                    trail: z.span.end..text.len(),
+                }));
+                global += 1;
+            }
+            layouts.push(turn_layouts);
+        }
+        Players {
             conversation: conversation.clone(),
             players,
             layouts,
-        })
+        }
+    }
+
+    /// Where each player lies, to make players of some of them or of their parts.
+    pub fn units(&self) -> Vec<Unit> {
+        self.players
+            .iter()
+            .map(|p| Unit {
+                message: p.message,
+                span: p.span.clone(),
+                id: p.id.clone(),
+            })
+            .collect()
+    }
+
+    /// The text of message `message` (counted across turns).
+    pub fn message_text(&self, message: usize) -> String {
+        self.conversation
+            .messages()
+            .nth(message)
+            .map(|m| m.text_content())
+            .unwrap_or_default()
     }
 
     pub fn len(&self) -> usize {
@@ -187,14 +229,14 @@ fn player_text(message: &Message, text: &str) -> String {
 /// Byte ranges of the players in one message's text.
 fn split_text(text: &str, granularity: Granularity) -> Vec<Range<usize>> {
     match granularity {
-        Granularity::Messages => std::iter::once(0..text.len()).collect(),
+        Granularity::Messages | Granularity::Auto => std::iter::once(0..text.len()).collect(),
         Granularity::Words => words(text),
         Granularity::Sentences => sentences(text),
     }
 }
 
 /// Maximal runs of non-whitespace.
-fn words(text: &str) -> Vec<Range<usize>> {
+pub(crate) fn words(text: &str) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = None;
     for (i, c) in text.char_indices() {
@@ -215,7 +257,7 @@ fn words(text: &str) -> Vec<Range<usize>> {
 
 /// Sentences: a word ending in `.`, `!`, `?` or `…` (before closing quotes or brackets) ends
 /// one, and so does a line break.
-fn sentences(text: &str) -> Vec<Range<usize>> {
+pub(crate) fn sentences(text: &str) -> Vec<Range<usize>> {
     let words = words(text);
     let mut out = Vec::new();
     let mut start: Option<usize> = None;

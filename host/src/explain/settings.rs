@@ -59,8 +59,14 @@ macro_rules! named_enum {
 }
 
 named_enum! {
-    /// What one player is.
-    Granularity { Messages = "messages", Sentences = "sentences", Words = "words" } default Messages
+    /// What one player is. `auto` starts from messages and refines the strongest (see
+    /// [`crate::explain::hierarchy`]).
+    Granularity {
+        Messages = "messages",
+        Sentences = "sentences",
+        Words = "words",
+        Auto = "auto",
+    } default Messages
 }
 
 named_enum! {

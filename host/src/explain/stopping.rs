@@ -164,6 +164,7 @@ mod tests {
             trust: None,
             coalitions: 0,
             unique_prompts: 0,
+            per_token: None,
         }
     }
 

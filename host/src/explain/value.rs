@@ -17,6 +17,17 @@ pub trait Model {
         prompt: &ConversationSnapshot,
         embeddings: bool,
     ) -> Result<GenerationRecord, String>;
+    /// [`Model::generate`] of each prompt, in order (a backend may decode them together).
+    fn generate_batch(
+        &self,
+        prompts: &[ConversationSnapshot],
+        embeddings: bool,
+    ) -> Result<Vec<GenerationRecord>, String> {
+        prompts
+            .iter()
+            .map(|p| self.generate(p, embeddings))
+            .collect()
+    }
     /// The teacher-forced logprobs of `reply` after `prompt`.
     fn score(&self, prompt: &ConversationSnapshot, reply: &str) -> Result<ScoreRecord, String>;
     /// [`Model::score`] of each prompt, in order (a backend may run them in one pass).
@@ -30,9 +41,13 @@ pub trait Model {
 }
 
 /// A coalition's value and what computing it cost.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Evaluation {
     pub value: f64,
+    /// The value's part from each answer token, for the logprob values: each token's logprob
+    /// (the value is their sum, or with `value_mean` their mean). Empty for values not made of
+    /// tokens.
+    pub tokens: Vec<f64>,
     pub prompt_tokens: u64,
     /// Prompt tokens the backend took from its prefix cache.
     pub cached_prompt_tokens: u64,
@@ -101,10 +116,6 @@ pub struct BaseAnswer {
 /// The value of one coalition's prompt.
 pub trait ValueFunction {
     fn kind(&self) -> ValueKind;
-    /// Whether replies must be generated with embeddings.
-    fn needs_embeddings(&self) -> bool {
-        false
-    }
     fn evaluate(
         &self,
         model: &dyn Model,
@@ -142,7 +153,7 @@ pub fn build(
                 mean,
             })
         }
-        ValueKind::GeneratedLogprob => Box::new(GeneratedLogprob { mean }),
+        ValueKind::GeneratedLogprob => Box::new(FromReplies(GeneratedLogprob { mean })),
         ValueKind::EmbeddingCosine => {
             let Some(embedding) = base.contextual_embedding.clone() else {
                 return Err(ExplainError::Model {
@@ -152,9 +163,9 @@ pub fn build(
                         .into(),
                 });
             };
-            Box::new(EmbeddingCosine { base: embedding })
+            Box::new(FromReplies(EmbeddingCosine { base: embedding }))
         }
-        ValueKind::TfidfCosine => Box::new(TfidfCosine::new(&base.text, conversation)),
+        ValueKind::TfidfCosine => Box::new(FromReplies(TfidfCosine::new(&base.text, conversation))),
     })
 }
 
@@ -217,9 +228,68 @@ impl AnswerLogprob {
         }
         Ok(Evaluation {
             value: sum_or_mean(&record.logprobs, self.mean),
+            tokens: record.logprobs.iter().map(|&l| f64::from(l)).collect(),
             prompt_tokens: record.prompt_tokens.into(),
             cached_prompt_tokens: record.cached_prompt_tokens.into(),
         })
+    }
+}
+
+/// A value read off the reply each coalition's prompt generates.
+trait ReplyValue {
+    fn kind(&self) -> ValueKind;
+    /// Whether replies are generated with their embeddings.
+    fn embeddings(&self) -> bool {
+        false
+    }
+    /// The value of a coalition whose prompt generated `record`.
+    fn of(&self, record: &GenerationRecord) -> Result<f64, ExplainError>;
+    /// Its parts by reply token (see [`Evaluation::tokens`]); none unless the value is a sum.
+    fn tokens(&self, _record: &GenerationRecord) -> Vec<f64> {
+        Vec::new()
+    }
+}
+
+/// A [`ReplyValue`] as a value function: batches generate together
+/// ([`Model::generate_batch`]).
+struct FromReplies<V>(V);
+
+impl<V: ReplyValue> FromReplies<V> {
+    fn evaluation(&self, record: &GenerationRecord) -> Result<Evaluation, ExplainError> {
+        Ok(Evaluation {
+            value: self.0.of(record)?,
+            tokens: self.0.tokens(record),
+            prompt_tokens: record.prompt_tokens.into(),
+            cached_prompt_tokens: record.cached_prompt_tokens.into(),
+        })
+    }
+}
+
+impl<V: ReplyValue> ValueFunction for FromReplies<V> {
+    fn kind(&self) -> ValueKind {
+        self.0.kind()
+    }
+
+    fn evaluate(
+        &self,
+        model: &dyn Model,
+        prompt: &ConversationSnapshot,
+    ) -> Result<Evaluation, ExplainError> {
+        let record = model
+            .generate(prompt, self.0.embeddings())
+            .map_err(model_error)?;
+        self.evaluation(&record)
+    }
+
+    fn evaluate_batch(
+        &self,
+        model: &dyn Model,
+        prompts: &[ConversationSnapshot],
+    ) -> Result<Vec<Evaluation>, ExplainError> {
+        let records = model
+            .generate_batch(prompts, self.0.embeddings())
+            .map_err(model_error)?;
+        records.iter().map(|r| self.evaluation(r)).collect()
     }
 }
 
@@ -228,26 +298,19 @@ struct GeneratedLogprob {
     mean: bool,
 }
 
-impl ValueFunction for GeneratedLogprob {
+impl ReplyValue for GeneratedLogprob {
     fn kind(&self) -> ValueKind {
         ValueKind::GeneratedLogprob
     }
 
-    fn evaluate(
-        &self,
-        model: &dyn Model,
-        prompt: &ConversationSnapshot,
-    ) -> Result<Evaluation, ExplainError> {
-        let record = model.generate(prompt, false).map_err(model_error)?;
-        Ok(generated(&record, sum_or_mean(&record.logprobs, self.mean)))
+    fn of(&self, record: &GenerationRecord) -> Result<f64, ExplainError> {
+        Ok(sum_or_mean(&record.logprobs, self.mean))
     }
-}
 
-fn generated(record: &GenerationRecord, value: f64) -> Evaluation {
-    Evaluation {
-        value,
-        prompt_tokens: record.prompt_tokens.into(),
-        cached_prompt_tokens: record.cached_prompt_tokens.into(),
+    /// By position: the coalition's reply is its own, so its `t`-th token's logprob goes
+    /// where the explained answer's `t`-th token stands.
+    fn tokens(&self, record: &GenerationRecord) -> Vec<f64> {
+        record.logprobs.iter().map(|&l| f64::from(l)).collect()
     }
 }
 
@@ -256,21 +319,16 @@ struct EmbeddingCosine {
     base: Vec<f32>,
 }
 
-impl ValueFunction for EmbeddingCosine {
+impl ReplyValue for EmbeddingCosine {
     fn kind(&self) -> ValueKind {
         ValueKind::EmbeddingCosine
     }
 
-    fn needs_embeddings(&self) -> bool {
+    fn embeddings(&self) -> bool {
         true
     }
 
-    fn evaluate(
-        &self,
-        model: &dyn Model,
-        prompt: &ConversationSnapshot,
-    ) -> Result<Evaluation, ExplainError> {
-        let record = model.generate(prompt, true).map_err(model_error)?;
+    fn of(&self, record: &GenerationRecord) -> Result<f64, ExplainError> {
         let Some(embedding) = record.contextual_embedding.as_ref().into_option() else {
             return Err(model_error(
                 "the backend returned no contextual embedding for the reply".into(),
@@ -283,7 +341,7 @@ impl ValueFunction for EmbeddingCosine {
                 self.base.len()
             )));
         }
-        Ok(generated(&record, cosine(embedding, &self.base)))
+        Ok(cosine(embedding, &self.base))
     }
 }
 
@@ -357,17 +415,12 @@ fn terms(text: &str) -> Vec<String> {
         .collect()
 }
 
-impl ValueFunction for TfidfCosine {
+impl ReplyValue for TfidfCosine {
     fn kind(&self) -> ValueKind {
         ValueKind::TfidfCosine
     }
 
-    fn evaluate(
-        &self,
-        model: &dyn Model,
-        prompt: &ConversationSnapshot,
-    ) -> Result<Evaluation, ExplainError> {
-        let record = model.generate(prompt, false).map_err(model_error)?;
+    fn of(&self, record: &GenerationRecord) -> Result<f64, ExplainError> {
         let v = self.vector(&record.text);
         let dot: f64 = v
             .iter()
@@ -375,12 +428,11 @@ impl ValueFunction for TfidfCosine {
             .sum();
         let norm = |m: &HashMap<String, f64>| m.values().map(|x| x * x).sum::<f64>().sqrt();
         let (na, nb) = (norm(&v), norm(&self.base));
-        let value = if na == 0.0 || nb == 0.0 {
+        Ok(if na == 0.0 || nb == 0.0 {
             0.0
         } else {
             dot / (na * nb)
-        };
-        Ok(generated(&record, value))
+        })
     }
 }
 
@@ -451,6 +503,12 @@ mod tests {
             (e.value, e.prompt_tokens, e.cached_prompt_tokens),
             (-2.0, 4, 1)
         );
+        assert_eq!(e.tokens, [-0.5; 4]);
+        assert_eq!(
+            eval(ValueKind::GeneratedLogprob, true, "x").tokens,
+            [-1.0, -3.0]
+        );
+        assert!(eval(ValueKind::TfidfCosine, false, "x").tokens.is_empty());
         assert_eq!(eval(ValueKind::AnswerLogprob, true, "a b c d").value, -0.5);
         assert_eq!(eval(ValueKind::GeneratedLogprob, false, "x").value, -4.0);
         assert_eq!(eval(ValueKind::GeneratedLogprob, true, "x").value, -2.0);
@@ -460,6 +518,57 @@ mod tests {
             (eval(ValueKind::TfidfCosine, false, "Red apples are red").value - 1.0).abs() < 1e-12
         );
         assert_eq!(eval(ValueKind::TfidfCosine, false, "bananas").value, 0.0);
+    }
+
+    /// Echo, but only in batches: one-at-a-time generation fails.
+    struct BatchOnly(std::sync::Mutex<Vec<bool>>);
+
+    impl Model for BatchOnly {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+
+        fn generate(&self, _: &ConversationSnapshot, _: bool) -> Result<GenerationRecord, String> {
+            Err("one at a time".into())
+        }
+
+        fn generate_batch(
+            &self,
+            prompts: &[ConversationSnapshot],
+            embeddings: bool,
+        ) -> Result<Vec<GenerationRecord>, String> {
+            self.0.lock().unwrap().push(embeddings);
+            prompts
+                .iter()
+                .map(|p| Echo.generate(p, embeddings))
+                .collect()
+        }
+
+        fn score(&self, _: &ConversationSnapshot, _: &str) -> Result<ScoreRecord, String> {
+            Err("no scores".into())
+        }
+    }
+
+    #[test]
+    fn generation_values_evaluate_a_batch_in_one_generate_batch_call() {
+        let prompts = ["bananas", "Red apples are red"].map(ConversationSnapshot::from_prompt);
+        let model = BatchOnly(Default::default());
+        for kind in [
+            ValueKind::GeneratedLogprob,
+            ValueKind::EmbeddingCosine,
+            ValueKind::TfidfCosine,
+        ] {
+            let value = build(kind, false, &base("Red apples are red"), &prompts[1]).unwrap();
+            let one = value.evaluate_batch(&model, &prompts).unwrap();
+            let expected = prompts.iter().map(|p| value.evaluate(&Echo, p).unwrap());
+            assert_eq!(one, expected.collect::<Vec<_>>(), "{kind}");
+        }
+        let asked = model.0.lock().unwrap().clone();
+        assert_eq!(
+            asked,
+            [false, true, false],
+            "embeddings only for embedding_cosine"
+        );
     }
 
     #[test]

@@ -1,9 +1,13 @@
-//! The HTML report: one self-contained page (inline CSS, no scripts, no external assets) with the
-//! conversation shaded by attribution, the answer, and the table.
+//! The HTML report: one self-contained page (inline CSS, no external assets) with the
+//! conversation shaded by attribution, the answer, and the table. With per-token attributions
+//! it carries their matrix as JSON and one small inline script: hovering or clicking an answer
+//! token shades the conversation by that token's column (the same colours as the totals'),
+//! and `#token=N` in the address opens with token N pinned.
 
 use std::fmt::Write;
 
 use super::{number, one_line};
+use crate::explain::Explanation;
 use crate::explain_run::Outcome;
 
 /// Escapes text for HTML content and attribute values.
@@ -22,8 +26,9 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// Red for positive attributions, blue for negative, opacity by |value| / max.
-fn shade(value: f64, max: f64) -> String {
+/// Red for positive attributions, blue for negative, opacity by |value| / max. [`SCRIPT`]'s
+/// `shade` computes the same for a token's column.
+pub fn shade(value: f64, max: f64) -> String {
     let alpha = if max > 0.0 {
         0.85 * value.abs() / max
     } else {
@@ -53,7 +58,44 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .axis{position:absolute;left:50%;top:0;bottom:0;border-left:1px solid #999}
 .fill{position:absolute;top:.1rem;bottom:.1rem}
 .legend span{display:inline-block;color:#fff;padding:0 .4rem;border-radius:.25rem;margin-right:.5rem}
+.tok{cursor:pointer;border-radius:.2rem;outline:1px solid #ccc;margin:0 .05rem;white-space:pre}
+.tok.on{background:#1d1d1f;color:#fff}
 ";
+
+/// The token map: shades each player span (`data-p`) by the hovered or pinned answer token's
+/// column of the matrix in `#per-token`, or by the totals.
+const SCRIPT: &str = r#"
+(() => {
+  const data = JSON.parse(document.getElementById("per-token").textContent);
+  const shade = (v, max) => {
+    const a = max > 0 ? (0.85 * Math.abs(v)) / max : 0;
+    return (v >= 0 ? "rgba(255,0,81," : "rgba(0,139,251,") + a.toFixed(3) + ")";
+  };
+  let pinned = null;
+  const show = (t) => {
+    const values = t === null ? data.totals : data.values.map((row) => row[t]);
+    const max = Math.max(0, ...values.map(Math.abs));
+    document.querySelectorAll("span.p[data-p]").forEach((span) => {
+      span.style.background = shade(values[Number(span.dataset.p)], max);
+    });
+    document.querySelectorAll("span.tok").forEach((span) => {
+      span.classList.toggle("on", Number(span.dataset.t) === t);
+    });
+    document.getElementById("token-shown").textContent =
+      t === null ? "all answer tokens (the totals)" : "answer token " + (t + 1) + ": " + JSON.stringify(data.tokens[t]);
+  };
+  document.querySelectorAll("span.tok").forEach((span) => {
+    const t = Number(span.dataset.t);
+    span.addEventListener("mouseenter", () => show(t));
+    span.addEventListener("mouseleave", () => show(pinned));
+    span.addEventListener("click", () => { pinned = pinned === t ? null : t; show(pinned); });
+  });
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") { pinned = null; show(null); } });
+  const asked = /^#token=(\d+)$/.exec(location.hash);
+  if (asked && Number(asked[1]) < data.tokens.length) pinned = Number(asked[1]);
+  show(pinned);
+})();
+"#;
 
 pub fn render(outcome: &Outcome) -> String {
     let e = &outcome.explanation;
@@ -106,7 +148,8 @@ pub fn render(outcome: &Outcome) -> String {
                         let a = &e.attributions[*player];
                         let _ = write!(
                             h,
-                            "<span class=\"p\" style=\"background:{}\" title=\"{} · {} · rank {}\">{}</span>",
+                            "<span class=\"p\" data-p=\"{player}\" style=\"background:{}\" \
+                             title=\"{} · {} · rank {}\">{}</span>",
                             shade(a.value, max),
                             escape(&a.player.id),
                             number(a.value),
@@ -127,35 +170,23 @@ pub fn render(outcome: &Outcome) -> String {
          <div class=\"text\">{}</div></div>",
         escape(&outcome.reply)
     );
-    h.push_str(
-        "<h2>Attributions</h2><table><tr><th>rank</th><th>id</th><th>text</th>\
-         <th>value</th><th>± se</th><th></th></tr>\n",
-    );
-    for a in &e.attributions {
-        let width = if max > 0.0 {
-            50.0 * a.value.abs() / max
-        } else {
-            0.0
-        };
-        let side = if a.value >= 0.0 {
-            "left:50%"
-        } else {
-            "right:50%"
-        };
+    if let Some(matrix) = &e.per_token {
+        token_map(&mut h, outcome, matrix);
+    }
+    h.push_str("<h2>Attributions</h2>");
+    table(&mut h, e);
+    for level in &outcome.refinements {
+        let r = &level.explanation;
         let _ = writeln!(
             h,
-            "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td>\
-             <td class=\"num\">{}</td><td><div class=\"bar\"><div class=\"axis\"></div>\
-             <div class=\"fill\" style=\"{side};width:{width:.2}%;background:{}\"></div></div></td></tr>",
-            a.rank,
-            escape(&a.player.id),
-            escape(&one_line(&a.player.text, 80)),
-            number(a.value),
-            a.std_error.map_or("–".into(), number),
-            shade(a.value.signum(), 1.0),
+            "<h2>Refined: {}</h2><p class=\"meta\">{} parts, the rest of the conversation \
+             present: v(all) − v(without them) = {}</p>",
+            escape(&super::table::refined(&level.parents)),
+            r.attributions.len(),
+            number(r.v_all - r.v_none)
         );
+        table(&mut h, r);
     }
-    h.push_str("</table>\n");
     if let Some(trust) = &e.trust {
         let _ = writeln!(
             h,
@@ -191,6 +222,77 @@ pub fn render(outcome: &Outcome) -> String {
     );
     h.push_str("</body></html>\n");
     h
+}
+
+/// One row per player, each with a bar scaled to the largest |value|.
+fn table(h: &mut String, e: &Explanation) {
+    let max = e
+        .attributions
+        .iter()
+        .map(|a| a.value.abs())
+        .fold(0.0, f64::max);
+    h.push_str(
+        "<table><tr><th>rank</th><th>id</th><th>text</th>\
+         <th>value</th><th>± se</th><th></th></tr>\n",
+    );
+    for a in &e.attributions {
+        let width = if max > 0.0 {
+            50.0 * a.value.abs() / max
+        } else {
+            0.0
+        };
+        let side = if a.value >= 0.0 {
+            "left:50%"
+        } else {
+            "right:50%"
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td><div class=\"bar\"><div class=\"axis\"></div>\
+             <div class=\"fill\" style=\"{side};width:{width:.2}%;background:{}\"></div></div></td></tr>",
+            a.rank,
+            escape(&a.player.id),
+            escape(&one_line(&a.player.text, 80)),
+            number(a.value),
+            a.std_error.map_or("–".into(), number),
+            shade(a.value.signum(), 1.0),
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+/// The answer's tokens to hover or pin, the matrix as JSON and the script that reads it.
+fn token_map(h: &mut String, outcome: &Outcome, matrix: &[Vec<f64>]) {
+    h.push_str("<p class=\"meta\">Shading shows <b id=\"token-shown\">all answer tokens</b>. ");
+    h.push_str("Hover a token to see what moved it, click to pin (Escape: the totals):</p>\n");
+    h.push_str("<div class=\"text\">");
+    for (t, token) in outcome.answer_tokens.iter().enumerate() {
+        let _ = write!(
+            h,
+            "<span class=\"tok\" data-t=\"{t}\" title=\"token {}\">{}</span>",
+            t + 1,
+            escape(token)
+        );
+    }
+    h.push_str("</div>\n");
+    let totals: Vec<f64> = outcome
+        .explanation
+        .attributions
+        .iter()
+        .map(|a| a.value)
+        .collect();
+    let data = serde_json::json!({
+        "tokens": outcome.answer_tokens,
+        "values": matrix,
+        "totals": totals,
+    });
+    // `</` inside a script element would end it early.
+    let json = data.to_string().replace("</", "<\\/");
+    let _ = writeln!(
+        h,
+        "<script type=\"application/json\" id=\"per-token\">{json}</script>\n<script>{SCRIPT}</script>"
+    );
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::config::ExplanationConfig;
 use crate::explain::{Attribution, Efficiency, Stopped, Trust};
-use crate::explain_run::{Outcome, ReplySource, RunStats};
+use crate::explain_run::{Outcome, Refinement, ReplySource, RunStats};
 
 #[derive(Debug, Serialize)]
 pub struct Document<'a> {
@@ -23,6 +23,10 @@ pub struct Document<'a> {
     pub trust: Option<&'a Trust>,
     /// How a run with a stopping rule went; null without one.
     pub stopped: Option<Stopped>,
+    /// Attributions to each answer token, for the logprob values; null for the others.
+    pub per_token: Option<PerToken<'a>>,
+    /// With `players = "auto"`, each level after the first; empty otherwise.
+    pub refinements: Vec<RefinementDoc<'a>>,
     pub coalitions: Coalitions,
     pub tokens: Tokens,
     pub kv_cache: KvCache,
@@ -35,6 +39,42 @@ pub struct MessageDoc {
     pub turn: usize,
     pub role: &'static str,
     pub text: String,
+}
+
+/// The players × answer-tokens matrix.
+#[derive(Debug, Serialize)]
+pub struct PerToken<'a> {
+    /// The answer's tokens as text, one per column.
+    pub tokens: &'a [String],
+    /// `values[i][t]`: player `i` (in the order of `players`) to token `t`.
+    pub values: &'a [Vec<f64>],
+}
+
+/// A level of a hierarchical run.
+#[derive(Debug, Serialize)]
+pub struct RefinementDoc<'a> {
+    /// The players refined, whose parts this level's players are.
+    pub refined: Vec<&'a str>,
+    pub players: Vec<Part<'a>>,
+    pub v_all: f64,
+    /// Without the refined players (the rest of the conversation present).
+    pub v_none: f64,
+    pub efficiency: Option<Efficiency>,
+    pub trust: Option<&'a Trust>,
+    pub stopped: Option<Stopped>,
+    pub per_token: Option<PerToken<'a>>,
+    /// This level's coalitions, and the distinct prompts they rendered to.
+    pub planned: usize,
+    pub unique_prompts: usize,
+}
+
+/// A refined player's part.
+#[derive(Debug, Serialize)]
+pub struct Part<'a> {
+    #[serde(flatten)]
+    pub attribution: &'a Attribution,
+    /// The id of the player it is a part of.
+    pub parent: &'a str,
 }
 
 #[derive(Debug, Serialize)]
@@ -101,6 +141,12 @@ pub fn document(outcome: &Outcome) -> Document<'_> {
         efficiency: e.efficiency,
         trust: e.trust.as_ref(),
         stopped: outcome.stopped,
+        per_token: per_token(outcome, e.per_token.as_deref()),
+        refinements: outcome
+            .refinements
+            .iter()
+            .map(|level| refinement(outcome, level))
+            .collect(),
         coalitions: Coalitions {
             planned: e.coalitions,
             unique_prompts: e.unique_prompts,
@@ -118,6 +164,42 @@ pub fn document(outcome: &Outcome) -> Document<'_> {
             evictions: kv_cache_evictions,
         },
         wall_time_s,
+    }
+}
+
+/// A level's matrix with the answer tokens its columns stand for.
+fn per_token<'a>(outcome: &'a Outcome, values: Option<&'a [Vec<f64>]>) -> Option<PerToken<'a>> {
+    let values = values?;
+    let width = crate::explain_run::width(values).min(outcome.answer_tokens.len());
+    Some(PerToken {
+        tokens: &outcome.answer_tokens[..width],
+        values,
+    })
+}
+
+fn refinement<'a>(outcome: &'a Outcome, level: &'a Refinement) -> RefinementDoc<'a> {
+    let e = &level.explanation;
+    let mut refined: Vec<&str> = level.parents.iter().map(String::as_str).collect();
+    refined.dedup();
+    RefinementDoc {
+        refined,
+        players: e
+            .attributions
+            .iter()
+            .zip(&level.parents)
+            .map(|(attribution, parent)| Part {
+                attribution,
+                parent,
+            })
+            .collect(),
+        v_all: e.v_all,
+        v_none: e.v_none,
+        efficiency: e.efficiency,
+        trust: e.trust.as_ref(),
+        stopped: level.stopped,
+        per_token: per_token(outcome, e.per_token.as_deref()),
+        planned: e.coalitions,
+        unique_prompts: e.unique_prompts,
     }
 }
 

@@ -4,12 +4,14 @@
 use std::fmt::Write;
 
 use super::{fit, number, one_line};
-use crate::explain::{StopReason, Stopped, Trust, ValueKind};
+use crate::explain::{Explanation, StopReason, Stopped, Trust, ValueKind};
 use crate::explain_run::Outcome;
 
 /// Total width of a table row.
 pub const WIDTH: usize = 100;
-const TEXT: usize = 31;
+const TEXT: usize = 29;
+/// Wide enough for a run of sentences, `m12.s16-31`.
+const ID: usize = 10;
 const HALF_BAR: usize = 17;
 
 pub fn render(outcome: &Outcome) -> String {
@@ -49,35 +51,7 @@ pub fn render(outcome: &Outcome) -> String {
             WIDTH
         )
     );
-    let max = e
-        .attributions
-        .iter()
-        .map(|a| a.value.abs())
-        .fold(0.0, f64::max);
-    let _ = writeln!(
-        out,
-        "{:>4} {:<8} {:<TEXT$} {:>9} {:>8} {:^w$}",
-        "rank",
-        "id",
-        "text",
-        "value",
-        "± se",
-        format!("−{} … +{}", number(max), number(max)),
-        w = 2 * HALF_BAR + 1
-    );
-    for a in &e.attributions {
-        let se = a.std_error.map_or("-".to_string(), |se| fit(se, 8));
-        let _ = writeln!(
-            out,
-            "{:>4} {:<8} {:<TEXT$} {:>9} {:>8} {}",
-            a.rank,
-            one_line(&a.player.id, 8),
-            one_line(&a.player.text, TEXT),
-            fit(a.value, 9),
-            se,
-            bar(a.value, max)
-        );
-    }
+    rows(&mut out, e);
     let _ = writeln!(
         out,
         "v(all) = {}   v(none) = {}",
@@ -99,6 +73,23 @@ pub fn render(outcome: &Outcome) -> String {
     if let Some(stopped) = &outcome.stopped {
         let _ = writeln!(out, "{}", one_line(&stopped_line(stopped), WIDTH));
     }
+    for level in &outcome.refinements {
+        let e = &level.explanation;
+        let _ = writeln!(
+            out,
+            "{}",
+            one_line(
+                &format!(
+                    "refined {} into {} parts, the rest present: v(all) − v(without them) = {}",
+                    refined(&level.parents),
+                    e.attributions.len(),
+                    number(e.v_all - e.v_none)
+                ),
+                WIDTH
+            )
+        );
+        rows(&mut out, e);
+    }
     let st = &outcome.stats;
     let _ = writeln!(
         out,
@@ -116,6 +107,46 @@ pub fn render(outcome: &Outcome) -> String {
         st.wall_time_s
     );
     out
+}
+
+/// The header and one row per player, bars scaled to the largest |value|.
+fn rows(out: &mut String, e: &Explanation) {
+    let max = e
+        .attributions
+        .iter()
+        .map(|a| a.value.abs())
+        .fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "{:>4} {:<ID$} {:<TEXT$} {:>9} {:>8} {:^w$}",
+        "rank",
+        "id",
+        "text",
+        "value",
+        "± se",
+        format!("−{} … +{}", number(max), number(max)),
+        w = 2 * HALF_BAR + 1
+    );
+    for a in &e.attributions {
+        let se = a.std_error.map_or("-".to_string(), |se| fit(se, 8));
+        let _ = writeln!(
+            out,
+            "{:>4} {:<ID$} {:<TEXT$} {:>9} {:>8} {}",
+            a.rank,
+            one_line(&a.player.id, ID),
+            one_line(&a.player.text, TEXT),
+            fit(a.value, 9),
+            se,
+            bar(a.value, max)
+        );
+    }
+}
+
+/// The distinct parents of a level's players, in order: "m1, m3.s2".
+pub fn refined(parents: &[String]) -> String {
+    let mut distinct: Vec<&str> = parents.iter().map(String::as_str).collect();
+    distinct.dedup();
+    distinct.join(", ")
 }
 
 /// "trust on 16 held-out coalitions: Spearman (LDS) 0.912, R² 0.843", or why a figure is
@@ -230,9 +261,9 @@ mod tests {
     #[test]
     fn a_row_fits_the_width() {
         let row = format!(
-            "{:>4} {:<8} {:<TEXT$} {:>9} {:>8} {}",
+            "{:>4} {:<ID$} {:<TEXT$} {:>9} {:>8} {}",
             12,
-            "m1.w123",
+            "m12.s16-31",
             "x".repeat(TEXT),
             "-1234.567",
             "0.0001",
