@@ -6,8 +6,8 @@
 //! the same run key and prompt key that run stores it by. All there: the outcome is the one a
 //! normal run would report, with every value counted as taken from the run directory. Any
 //! missing: an error naming how many, so a normal run (which computes only those) can follow.
-//! A stopping rule's rounds are replayed through the same `explain_run::in_rounds`, so
-//! they end where the run ended.
+//! A stopping rule's rounds and a hierarchical run's levels are replayed through the same
+//! `explain_run::explain_levels`, so they end where the run ended.
 //!
 //! **Invariant:** no backend is opened; the plugin is only looked up for its name, which is
 //! part of the run key.

@@ -122,7 +122,7 @@ pub fn render(outcome: &Outcome) -> String {
         escape(s.estimand.as_str()),
         escape(s.value.as_str()),
         e.attributions.len(),
-        escape(s.players.as_str()),
+        escape(super::table::level_name(s.players)),
         escape(&outcome.plugin),
         escape(&outcome.model_id),
         escape(s.absence.as_str()),

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::{fit, number, one_line};
-use crate::explain::{Explanation, StopReason, Stopped, Trust, ValueKind};
+use crate::explain::{Explanation, Granularity, StopReason, Stopped, Trust, ValueKind};
 use crate::explain_run::Outcome;
 
 /// Total width of a table row.
@@ -38,7 +38,7 @@ pub fn render(outcome: &Outcome) -> String {
                     _ => "cosine",
                 },
                 e.attributions.len(),
-                s.players,
+                level_name(s.players),
                 s.absence,
                 if e.attributions.iter().any(|a| a.std_error.is_some()) {
                     format!(" · seed {}, budget {}", s.seed, s.budget)
@@ -139,6 +139,14 @@ fn rows(out: &mut String, e: &Explanation) {
             se,
             bar(a.value, max)
         );
+    }
+}
+
+/// What the first level's players are: `auto` starts from messages.
+pub fn level_name(players: Granularity) -> &'static str {
+    match players {
+        Granularity::Auto => "messages (auto: refined below)",
+        other => other.as_str(),
     }
 }
 
