@@ -4,9 +4,9 @@
 //!
 //! A message's parts are its sentences (a one-sentence message's: its words); more than
 //! [`FANOUT`] parts are grouped into [`FANOUT`] runs of consecutive ones, which the next level
-//! refines in turn. Every level is a small game, cheap for any estimator (exact: 2^4 coalitions
-//! a part refined): the refined players' parts are its players, and the rest of the
-//! conversation stays present. So a level's values share out the effect of removing the refined
+//! refines in turn. Every level is a small game, cheap for any estimator (exact: 16 coalitions
+//! when one player is refined): the refined players' parts are its players, and the rest of
+//! the conversation stays present. So a level's values share out the effect of removing the refined
 //! players together, v(all) − v(all without them), the way its estimand says.
 
 use super::players::{sentences, words, Players, Unit};

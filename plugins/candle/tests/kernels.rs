@@ -1,12 +1,8 @@
 //! Our quantized kernels (`lmhost_candle::kernels`), every path this CPU runs, against candle's
 //! dequantize-then-f32-matmul on random blocks, and the paths against each other.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use candle_core::quantized::k_quants::{self, BlockQ4K, BlockQ5_0, BlockQ6K, GgmlType};
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
 use lmhost_candle::kernels::{self, Path};
 
 /// The types with kernels and the row lengths each is tested at: whole blocks of the type,
@@ -228,85 +224,4 @@ fn k_quant_rows_must_be_whole_super_blocks() {
             assert!(err.contains(&expected), "{err}");
         }
     }
-}
-
-/// One activation row (decode) through our fastest path (AVX2 for these types where AVX-512
-/// is best), candle's `QMatMul` (which may repack
-/// the matrix on first use) and candle's kernel on the stored blocks (what `weights = compact`
-/// ran for these types before), on Gemma 3 270M's shapes: Q5_0 for its 640-wide inputs, the
-/// K-quants for the 2048-wide one. Not asserted; run with
-/// `cargo test --release --workspace --test kernels -- --ignored --nocapture` (the thread
-/// count is rayon's and candle's, `RAYON_NUM_THREADS`).
-#[test]
-#[ignore = "timing, not a check"]
-fn decode_speed() {
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
-    let cases = [
-        (
-            GgmlDType::Q5_0,
-            (2048, 640),
-            unpacked::<BlockQ5_0> as Unpacked,
-        ),
-        (GgmlDType::Q4K, (640, 2048), unpacked::<BlockQ4K>),
-        (GgmlDType::Q6K, (640, 2048), unpacked::<BlockQ6K>),
-    ];
-    for (dtype, (n, k), candle_unpacked) in cases {
-        let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
-        let q = Arc::new(QTensor::quantize(&w, dtype).unwrap());
-        let x = rng.matrix(1, k);
-        let data = q.data().unwrap();
-        let qmatmul = QMatMul::from_arc(q.clone()).unwrap();
-        let xt = Tensor::from_slice(&x, (1, k), &Device::Cpu).unwrap();
-        // Each call allocates its output, as `QMatMul` does.
-        let ours = |path| {
-            let mut dst = vec![0f32; n];
-            kernels::matmul(path, dtype, &data, (1, k, n), &x, &mut dst).unwrap();
-        };
-        // On a pool's thread, as the plugin runs models (from outside, each call would also
-        // wait for a worker to wake).
-        let [ours, candle, unpacked] = pool.install(|| {
-            race([
-                &mut || ours(Path::best()),
-                &mut || drop(qmatmul.forward(&xt).unwrap()),
-                &mut || candle_unpacked(&data, (1, k, n), &x, &mut vec![0f32; n]),
-            ])
-        });
-        println!(
-            "{dtype:?} ({n}, {k}), {} threads: ours ({:?}) {ours:.1?}, candle QMatMul \
-             {candle:.1?}, candle unpacked {unpacked:.1?}",
-            pool.current_num_threads(),
-            Path::best(),
-        );
-    }
-}
-
-type Unpacked = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]);
-
-/// candle's kernel on a QTensor's stored blocks of type `T`.
-fn unpacked<T: GgmlType>(data: &[u8], mkn: (usize, usize, usize), x: &[f32], dst: &mut [f32]) {
-    assert_eq!(data.as_ptr().align_offset(std::mem::align_of::<T>()), 0);
-    let count = data.len() / std::mem::size_of::<T>();
-    // SAFETY: a CPU QTensor's bytes are a Vec of its block type (plain integers and f16, any
-    // bit pattern valid), borrowed: aligned (checked) and whole blocks.
-    let blocks = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), count) };
-    k_quants::matmul(mkn, x, blocks, dst).unwrap();
-}
-
-/// The time of one call of each of `fs`, the least over 200 batches of 5 taken in turns (after
-/// a warm-up): other processes only ever add time, and on a busy machine a short batch is
-/// likelier to run undisturbed.
-fn race<const N: usize>(mut fs: [&mut (dyn FnMut() + Send); N]) -> [Duration; N] {
-    for f in fs.iter_mut() {
-        (0..20).for_each(|_| f());
-    }
-    let mut best = [Duration::MAX; N];
-    for _ in 0..200 {
-        for (f, best) in fs.iter_mut().zip(&mut best) {
-            let start = Instant::now();
-            (0..5).for_each(|_| f());
-            *best = (*best).min(start.elapsed() / 5);
-        }
-    }
-    best
 }

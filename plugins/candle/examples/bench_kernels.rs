@@ -1,0 +1,87 @@
+//! One activation row (a decode step) through lmhost's fastest kernel path, candle's `QMatMul`
+//! (which may repack the matrix on first use) and candle's kernel on the stored blocks (what
+//! `weights = compact` ran for these types before), on Gemma 3 270M's shapes: Q5_0 for its
+//! 640-wide inputs, the K-quants for the 2048-wide one.
+//!
+//! Prints figures; asserts nothing. `cargo run --release --example bench_kernels -p
+//! lmhost-candle` (the thread count is rayon's and candle's, `RAYON_NUM_THREADS`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::k_quants::{self, BlockQ4K, BlockQ5_0, BlockQ6K, GgmlType};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use lmhost_candle::kernels::{self, Path};
+
+type Unpacked = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]);
+
+fn main() -> anyhow::Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new().build()?;
+    let cases = [
+        (
+            GgmlDType::Q5_0,
+            (2048, 640),
+            unpacked::<BlockQ5_0> as Unpacked,
+        ),
+        (GgmlDType::Q4K, (640, 2048), unpacked::<BlockQ4K>),
+        (GgmlDType::Q6K, (640, 2048), unpacked::<BlockQ6K>),
+    ];
+    for (dtype, (n, k), candle_unpacked) in cases {
+        let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
+        let q = Arc::new(QTensor::quantize(&w, dtype)?);
+        let xt = Tensor::randn(0f32, 1.0, (1, k), &Device::Cpu)?;
+        let x = xt.flatten_all()?.to_vec1::<f32>()?;
+        let data = q.data()?;
+        let qmatmul = QMatMul::from_arc(q.clone())?;
+        // Each call allocates its output, as `QMatMul` does.
+        let ours = |path| {
+            let mut dst = vec![0f32; n];
+            kernels::matmul(path, dtype, &data, (1, k, n), &x, &mut dst).expect("whole blocks");
+        };
+        // On a pool's thread, as the plugin runs models (from outside, each call would also
+        // wait for a worker to wake).
+        let [ours, candle, unpacked] = pool.install(|| {
+            race([
+                &mut || ours(Path::best()),
+                &mut || drop(qmatmul.forward(&xt).expect("a row")),
+                &mut || candle_unpacked(&data, (1, k, n), &x, &mut vec![0f32; n]),
+            ])
+        });
+        println!(
+            "{dtype:?} ({n}, {k}), {} threads: ours ({:?}) {ours:.1?}, candle QMatMul \
+             {candle:.1?}, candle unpacked {unpacked:.1?}",
+            pool.current_num_threads(),
+            Path::best(),
+        );
+    }
+    Ok(())
+}
+
+/// candle's kernel on a QTensor's stored blocks of type `T`.
+fn unpacked<T: GgmlType>(data: &[u8], mkn: (usize, usize, usize), x: &[f32], dst: &mut [f32]) {
+    assert_eq!(data.as_ptr().align_offset(std::mem::align_of::<T>()), 0);
+    let count = data.len() / std::mem::size_of::<T>();
+    // SAFETY: a CPU QTensor's bytes are a Vec of its block type (plain integers and f16, any
+    // bit pattern valid), borrowed: aligned (checked) and whole blocks.
+    let blocks = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), count) };
+    k_quants::matmul(mkn, x, blocks, dst).expect("whole blocks");
+}
+
+/// The time of one call of each of `fs`, the least over 200 batches of 5 taken in turns (after
+/// a warm-up): other processes only ever add time, and on a busy machine a short batch is
+/// likelier to run undisturbed.
+fn race<const N: usize>(mut fs: [&mut (dyn FnMut() + Send); N]) -> [Duration; N] {
+    for f in fs.iter_mut() {
+        (0..20).for_each(|_| f());
+    }
+    let mut best = [Duration::MAX; N];
+    for _ in 0..200 {
+        for (f, best) in fs.iter_mut().zip(&mut best) {
+            let start = Instant::now();
+            (0..5).for_each(|_| f());
+            *best = (*best).min(start.elapsed() / 5);
+        }
+    }
+    best
+}
