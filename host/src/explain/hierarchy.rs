@@ -70,20 +70,22 @@ pub fn refine(
     let split = |i: usize| parts(&players.message_text(units[i].message), &units[i], floor);
     let mut strongest: Vec<usize> = (0..units.len()).collect();
     strongest.sort_by_key(|&i| explanation.attributions[i].rank);
-    let mut chosen: Vec<usize> = strongest
+    // Each player's parts are found once, and only until `top` of them can split.
+    let mut chosen: Vec<(usize, Vec<Unit>)> = strongest
         .into_iter()
-        .filter(|&i| !split(i).is_empty())
+        .map(|i| (i, split(i)))
+        .filter(|(_, parts)| !parts.is_empty())
         .take(top)
         .collect();
     if chosen.is_empty() {
         return None;
     }
-    chosen.sort_unstable(); // players are in conversation order
+    chosen.sort_unstable_by_key(|&(i, _)| i); // players are in conversation order
     let (parts, parents): (Vec<Unit>, Vec<String>) = chosen
         .into_iter()
-        .flat_map(|i| {
+        .flat_map(|(i, parts)| {
             let parent = &units[i].id;
-            split(i).into_iter().map(move |part| (part, parent.clone()))
+            parts.into_iter().map(move |part| (part, parent.clone()))
         })
         .unzip();
     Some((Players::of_units(players.conversation(), parts), parents))

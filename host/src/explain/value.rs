@@ -176,6 +176,11 @@ fn model_error(message: String) -> ExplainError {
     }
 }
 
+/// Per-token logprobs as an [`Evaluation`]'s token parts.
+fn widened(logprobs: &[f32]) -> Vec<f64> {
+    logprobs.iter().map(|&l| f64::from(l)).collect()
+}
+
 fn sum_or_mean(logprobs: &[f32], mean: bool) -> f64 {
     let sum: f64 = logprobs.iter().map(|&l| f64::from(l)).sum();
     if mean && !logprobs.is_empty() {
@@ -228,7 +233,7 @@ impl AnswerLogprob {
         }
         Ok(Evaluation {
             value: sum_or_mean(&record.logprobs, self.mean),
-            tokens: record.logprobs.iter().map(|&l| f64::from(l)).collect(),
+            tokens: widened(&record.logprobs),
             prompt_tokens: record.prompt_tokens.into(),
             cached_prompt_tokens: record.cached_prompt_tokens.into(),
         })
@@ -310,7 +315,7 @@ impl ReplyValue for GeneratedLogprob {
     /// By position: the coalition's reply is its own, so its `t`-th token's logprob goes
     /// where the explained answer's `t`-th token stands.
     fn tokens(&self, record: &GenerationRecord) -> Vec<f64> {
-        record.logprobs.iter().map(|&l| f64::from(l)).collect()
+        widened(&record.logprobs)
     }
 }
 

@@ -48,6 +48,18 @@ fn stored_model() -> Arc<Candle> {
     .clone()
 }
 
+/// The default options with the prefix cache on, as explain and serve run them.
+fn cached() -> Arc<Candle> {
+    let b = open(json!({}));
+    b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
+        enabled: true,
+        max_entries: 64,
+        max_bytes: 0,
+    })
+    .unwrap();
+    b
+}
+
 fn question() -> ConversationSnapshot {
     ConversationSnapshot::from_prompt("What is the capital of France?")
 }
@@ -317,13 +329,7 @@ fn embeddings_come_from_the_input_and_a_paraphrase_is_closer() {
 /// a pool thread waiting in a parallel op could run another call that blocks on it for good).
 #[test]
 fn concurrent_generations_share_decode_passes_and_match_one_at_a_time() {
-    let b = open(json!({}));
-    b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
-        enabled: true,
-        max_entries: 64,
-        max_bytes: 0,
-    })
-    .unwrap();
+    let b = cached();
     let prompts = [
         "What is the capital of France?",
         "Name three colours.",
@@ -370,13 +376,7 @@ fn concurrent_generations_share_decode_passes_and_match_one_at_a_time() {
 /// the one its prompt gets alone.
 #[test]
 fn generate_batch_decodes_together_and_matches_one_at_a_time() {
-    let b = open(json!({}));
-    b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
-        enabled: true,
-        max_entries: 64,
-        max_bytes: 0,
-    })
-    .unwrap();
+    let b = cached();
     let facts = [
         "The museum opens at 10 am.",
         "It is closed on Mondays.",
