@@ -430,6 +430,19 @@ mod tests {
             err.to_string().contains("`batch_size` must be >= 1"),
             "{err}"
         );
+        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nrefine_top = 5\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`refine_top` must be >= 1 and <= 4 (each refined player adds up to 4"),
+            "{err}"
+        );
+        let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nrefine_to = \"messages\"\n")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`refine_to` must be \"sentences\" or \"words\". Given: \"messages\""),
+            "{err}"
+        );
         let config = parse(
             "[backend]\nkind = \"mock\"\n[explanation]\nestimator = \"kernel\"\n\
              target_se = 0.05\nsettle_top = 3\n",
