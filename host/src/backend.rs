@@ -5,8 +5,8 @@ use lmhost_plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use lmhost_plugin_api::abi_stable::std_types::{RSlice, RStr, RString, RVec};
 use lmhost_plugin_api::{
     BackendBox, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    GenerationConfig, GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TokenDelta,
-    TokenSink, TokenSink_TO, TokenizeRecord,
+    GenerationConfig, GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TextSpan,
+    TokenDelta, TokenSink, TokenSink_TO, TokenizeRecord,
 };
 
 use crate::error::{Error, Result};
@@ -110,6 +110,41 @@ impl Backend {
         self.counted(records.into_vec(), snapshots.len(), "score_batch")
     }
 
+    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` it lists
+    /// hidden from the tokens after the last span (see the plugin API's `score_hidden`). The
+    /// spans and indexes are checked here, so the plugin gets only valid ones.
+    pub fn score_hidden(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+        spans: &[TextSpan],
+        hidden: &[Vec<u32>],
+    ) -> Result<Vec<ScoreRecord>> {
+        check_spans(snapshot, spans).map_err(|e| self.wrap(PluginError::invalid_input(e)))?;
+        if let Some(i) = hidden
+            .iter()
+            .flatten()
+            .find(|&&i| i as usize >= spans.len())
+        {
+            return Err(self.wrap(PluginError::invalid_input(format!(
+                "hidden span {i} is not one of the {} spans given",
+                spans.len()
+            ))));
+        }
+        let hidden: Vec<RVec<u32>> = hidden.iter().map(|h| RVec::from(h.clone())).collect();
+        let records = self
+            .inner
+            .score_hidden(
+                snapshot,
+                RStr::from_str(reply),
+                spans.into(),
+                hidden.as_slice().into(),
+            )
+            .into_result()
+            .map_err(|e| self.wrap(e))?;
+        self.counted(records.into_vec(), hidden.len(), "score_hidden")
+    }
+
     /// A batch call's `records`, refused unless there is one per prompt.
     fn counted<T>(&self, records: Vec<T>, prompts: usize, call: &str) -> Result<Vec<T>> {
         if records.len() != prompts {
@@ -186,6 +221,37 @@ impl Drop for Backend {
     }
 }
 
+/// Refuses a span outside its message's text or off a character boundary.
+fn check_spans(
+    snapshot: &ConversationSnapshot,
+    spans: &[TextSpan],
+) -> std::result::Result<(), String> {
+    let texts: Vec<String> = snapshot.messages().map(|m| m.text_content()).collect();
+    for (i, span) in spans.iter().enumerate() {
+        let Some(text) = texts.get(span.message as usize) else {
+            return Err(format!(
+                "span {i} is in message {}, but the conversation has {} messages",
+                span.message,
+                texts.len()
+            ));
+        };
+        let (start, end) = (span.start as usize, span.end as usize);
+        if start > end
+            || end > text.len()
+            || !text.is_char_boundary(start)
+            || !text.is_char_boundary(end)
+        {
+            return Err(format!(
+                "span {i} ({start}..{end}) is not a range of character boundaries of message {}'s \
+                 {} bytes of text",
+                span.message,
+                text.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A closure lent to a plugin as its token sink. It must not panic: it runs inside the
 /// plugin's call, across the FFI boundary.
 struct Sink<F>(F);
@@ -193,5 +259,38 @@ struct Sink<F>(F);
 impl<F: FnMut(&TokenDelta) -> bool + Send> TokenSink for Sink<F> {
     fn token(&mut self, delta: &TokenDelta) -> bool {
         (self.0)(delta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lmhost_plugin_api::{ConversationSnapshot, TextSpan};
+
+    use super::check_spans;
+
+    #[test]
+    fn spans_outside_their_message_or_inside_a_character_are_refused_by_name() {
+        let snapshot = ConversationSnapshot::from_prompt("café au lait");
+        let span = |message, start, end| TextSpan {
+            message,
+            start,
+            end,
+        };
+        assert!(check_spans(&snapshot, &[span(0, 0, 5), span(0, 6, 13)]).is_ok());
+        let err = check_spans(&snapshot, &[span(0, 0, 4)]).unwrap_err();
+        assert!(
+            err.contains("span 0 (0..4) is not a range of character boundaries"),
+            "{err}"
+        );
+        let err = check_spans(&snapshot, &[span(0, 0, 2), span(0, 6, 14)]).unwrap_err();
+        assert!(
+            err.contains("span 1 (6..14)") && err.contains("13 bytes"),
+            "{err}"
+        );
+        let err = check_spans(&snapshot, &[span(1, 0, 1)]).unwrap_err();
+        assert!(
+            err.contains("message 1, but the conversation has 1 messages"),
+            "{err}"
+        );
     }
 }

@@ -15,7 +15,7 @@ use crate::error::PluginError;
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, ScoreRecord, TokenDelta, TokenizeRecord,
+    GenerationRecord, KvCacheSettings, ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
 };
 
 /// Where a streaming generation hands its tokens, as they come. Its answer says whether to go
@@ -133,6 +133,26 @@ pub trait GenerationBackend: Send + Sync {
             }
         }
         RResult::ROk(records)
+    }
+
+    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` it
+    /// lists (indexes into `spans`) hidden: the tokens after the last span attend to no token
+    /// that overlaps a hidden span, and every token keeps its position. The tokens up to the
+    /// end of the last span are computed once, seeing everything, so each entry costs only
+    /// the rows after it (explain's `hide` absence: an approximation of deleting the text,
+    /// since the text after a hidden span still saw it). Fails whole, naming the entry. The
+    /// default (and what a plugin built before this method gets) refuses.
+    fn score_hidden(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: RStr<'_>,
+        spans: RSlice<'_, TextSpan>,
+        hidden: RSlice<'_, RVec<u32>>,
+    ) -> RResult<RVec<ScoreRecord>, PluginError> {
+        let _ = (snapshot, reply, spans, hidden);
+        RResult::RErr(PluginError::unsupported(
+            "this backend cannot hide text from a reply's attention (score_hidden)",
+        ))
     }
 }
 

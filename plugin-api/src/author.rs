@@ -18,7 +18,7 @@ use crate::identity::{PluginIdentity, RawStr, IDENTITY_MAGIC};
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, ScoreRecord, TokenDelta, TokenizeRecord,
+    GenerationRecord, KvCacheSettings, ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
 };
 
 /// A generation backend, written with std types. Methods take `&self`: a backend that holds a
@@ -119,6 +119,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         config: &GenerationConfig,
     ) -> Result<Vec<GenerationRecord>, PluginError> {
         snapshots.iter().map(|s| self.generate(s, config)).collect()
+    }
+
+    /// `score` of `reply` with each entry's spans hidden (see
+    /// [`GenerationBackend::score_hidden`]; the host has checked the spans and indexes).
+    fn score_hidden(
+        &self,
+        _snapshot: &ConversationSnapshot,
+        _reply: &str,
+        _spans: &[TextSpan],
+        _hidden: &[Vec<u32>],
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        Err(PluginError::unsupported(format!(
+            "backend `{}` cannot hide text from a reply's attention (score_hidden)",
+            Self::NAME
+        )))
     }
 
     /// One vector per text (see [`GenerationBackend::embed`]).
@@ -267,6 +282,21 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
         guard(B::NAME, || {
             self.0
                 .generate_batch(snapshots.as_slice(), config)
+                .map(RVec::from)
+        })
+    }
+
+    fn score_hidden(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: RStr<'_>,
+        spans: RSlice<'_, TextSpan>,
+        hidden: RSlice<'_, RVec<u32>>,
+    ) -> RResult<RVec<ScoreRecord>, PluginError> {
+        guard(B::NAME, || {
+            let hidden: Vec<Vec<u32>> = hidden.iter().map(|h| h.to_vec()).collect();
+            self.0
+                .score_hidden(snapshot, reply.as_str(), spans.as_slice(), &hidden)
                 .map(RVec::from)
         })
     }

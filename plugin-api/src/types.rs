@@ -340,6 +340,17 @@ impl GenerationRecord {
     }
 }
 
+/// A byte range `start..end` of one message's text: message `message` counts the snapshot's
+/// messages in order across turns, and the range lies on UTF-8 character boundaries of that
+/// message's text parts joined (`Message::text_content`). `score_hidden` hides such ranges.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TextSpan {
+    pub message: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
 /// What `score` returns: the teacher-forced log-probabilities of a given reply.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,8 +2,10 @@
 //! the ids it is scored as, and the rules that end a sampled reply. candle and onnx both run
 //! their models behind one, so a prompt, a score and a stop mean the same on either.
 
+use std::ops::Range;
+
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError,
+    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError, TextSpan,
     TokenDelta, TokenizeRecord,
 };
 
@@ -53,6 +55,16 @@ impl Sampled {
             finish_reason: self.finish,
         }
     }
+}
+
+/// A prompt scored with spans hidden: see [`TextFrontEnd::hidden_scoring`].
+pub struct HiddenScoring {
+    pub prompt: Vec<u32>,
+    pub reply: Vec<u32>,
+    /// Positions `from..` (at most the prompt's last) are computed for each entry.
+    pub from: usize,
+    /// Per entry, the positions before `from` its rows do not attend to.
+    pub hidden: Vec<Vec<Range<usize>>>,
 }
 
 /// The ids a reply is scored as: on its own after a chat template's turn marker, and as a
@@ -230,6 +242,65 @@ impl TextFrontEnd {
             .collect()
     }
 
+    /// A prompt scored with spans of its text hidden (the plugin API's `score_hidden`): its
+    /// ids, the reply's, the first position computed again for each entry (the token after
+    /// the last span), and per entry of `hidden` the positions before it whose tokens overlap
+    /// a hidden span, as ranges.
+    pub fn hidden_scoring(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+        spans: &[TextSpan],
+        hidden: &[Vec<u32>],
+    ) -> Result<HiddenScoring, PluginError> {
+        let prompt = self.format.render(snapshot, &self.model_id)?;
+        let starts = message_starts(snapshot, &prompt.text)?;
+        let (ids, offsets) = self
+            .tokenizer
+            .encode_with_offsets(&prompt.text, prompt.add_special)
+            .map_err(tokenizer_error)?;
+        let reply = self.reply_ids(reply)?.after(snapshot).to_vec();
+        if ids.is_empty() || ids.len() + reply.len() > self.max_context {
+            return Err(PluginError::invalid_input(format!(
+                "the prompt has {} tokens (+{} reply tokens); it needs at least one, and at most \
+                 the context of {} tokens in all",
+                ids.len(),
+                reply.len(),
+                self.max_context
+            )));
+        }
+        let in_prompt: Vec<Range<usize>> = spans
+            .iter()
+            .map(|s| {
+                let at = starts[s.message as usize];
+                at + s.start as usize..at + s.end as usize
+            })
+            .collect();
+        let last_end = in_prompt.iter().map(|r| r.end).max().unwrap_or(0);
+        let from = offsets
+            .iter()
+            .position(|t| t.end > last_end)
+            .unwrap_or(ids.len())
+            .min(ids.len() - 1);
+        let hidden = hidden
+            .iter()
+            .map(|entry| {
+                let spans: Vec<&Range<usize>> =
+                    entry.iter().map(|&i| &in_prompt[i as usize]).collect();
+                let covered = offsets[..from]
+                    .iter()
+                    .map(|t| spans.iter().any(|s| t.start < s.end && s.start < t.end));
+                runs(covered)
+            })
+            .collect();
+        Ok(HiddenScoring {
+            prompt: ids,
+            reply,
+            from,
+            hidden,
+        })
+    }
+
     /// Samples a reply after a prompt of `prompt_len` tokens whose last logits row is `row`;
     /// `next(id)` runs the model one token on and returns the following row. Ends at an
     /// end-of-sequence id, a stop string, `max_new_tokens` or the context length, or when
@@ -303,6 +374,46 @@ impl TextFrontEnd {
     }
 }
 
+/// Where each message's text begins in the rendered prompt, found in order; a template that
+/// rewrites a message's text (so it cannot be found) is refused.
+fn message_starts(
+    snapshot: &ConversationSnapshot,
+    prompt: &str,
+) -> Result<Vec<usize>, PluginError> {
+    let mut cursor = 0;
+    snapshot
+        .messages()
+        .enumerate()
+        .map(|(m, message)| {
+            let text = message.text_content();
+            let at = prompt[cursor..]
+                .find(&text)
+                .map(|i| cursor + i)
+                .ok_or_else(|| {
+                    PluginError::invalid_input(format!(
+                    "message {m}'s text does not appear as it is in the prompt the chat template \
+                     renders, so its spans cannot be hidden"
+                ))
+                })?;
+            cursor = at + text.len();
+            Ok(at)
+        })
+        .collect()
+}
+
+/// The runs of `true` in `flags`, as index ranges.
+fn runs(flags: impl Iterator<Item = bool>) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for (i, flag) in flags.enumerate() {
+        match out.last_mut() {
+            Some(run) if flag && run.end == i => run.end = i + 1,
+            _ if flag => out.push(i..i + 1),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// How much of a reply's text can be handed out before the tokens that follow: all but an
 /// unfinished character (decoded as U+FFFD) and the longest end that could begin a stop string.
 fn settled(text: &str, stops: &[impl AsRef<str>]) -> usize {
@@ -326,7 +437,35 @@ fn settled(text: &str, stops: &[impl AsRef<str>]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::settled;
+    use lmhost_plugin_api::{ConversationSnapshot, Message, Role, Turn};
+
+    use super::{message_starts, runs, settled};
+
+    #[test]
+    fn messages_are_found_in_order_and_a_rewritten_one_is_refused() {
+        let messages = vec![
+            Message::text(Role::System, "Be brief."),
+            Message::text(Role::User, "Be brief."),
+        ];
+        let snapshot = ConversationSnapshot::new(vec![Turn {
+            messages: messages.into(),
+        }])
+        .unwrap();
+        let prompt = "<s>Be brief.</s><u>Be brief.</u>";
+        assert_eq!(message_starts(&snapshot, prompt).unwrap(), vec![3, 19]);
+        let err = message_starts(&snapshot, "<s>Be brief.</s><u>BE BRIEF.</u>").unwrap_err();
+        assert!(
+            err.message.contains("message 1's text does not appear"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn runs_gather_consecutive_flags() {
+        let flags = [true, true, false, true, false, false, true];
+        assert_eq!(runs(flags.into_iter()), vec![0..2, 3..4, 6..7]);
+        assert!(runs([false, false].into_iter()).is_empty());
+    }
 
     #[test]
     fn text_waits_for_unfinished_characters_and_possible_stop_strings() {

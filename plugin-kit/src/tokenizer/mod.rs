@@ -15,6 +15,7 @@ mod spm;
 mod vocab;
 mod wpm;
 
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use tokenizers::models::bpe::Vocab as TextIds;
@@ -296,6 +297,30 @@ impl TextTokenizer {
             ids.extend(suffix);
         }
         Ok(ids)
+    }
+
+    /// [`TextTokenizer::encode`] (special-token text parsed) with each id's byte range in
+    /// `text`; ids the framing adds (BOS) have an empty range at the start or end.
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+        add_special: bool,
+    ) -> Result<(Vec<u32>, Vec<Range<usize>>), TokenizerError> {
+        let own_framing = matches!(self.framing, Framing::PostProcessor) && add_special;
+        let encoding = self
+            .inner
+            .encode(text, own_framing)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let mut ids = encoding.get_ids().to_vec();
+        let mut offsets: Vec<Range<usize>> =
+            encoding.get_offsets().iter().map(|&(a, b)| a..b).collect();
+        if let (true, Framing::Around { prefix, suffix }) = (add_special, self.framing) {
+            ids.splice(0..0, prefix.iter().copied());
+            offsets.splice(0..0, prefix.iter().map(|_| 0..0));
+            ids.extend(suffix);
+            offsets.extend(suffix.iter().map(|_| text.len()..text.len()));
+        }
+        Ok((ids, offsets))
     }
 
     /// Text of `ids`; `skip_special` drops control tokens (as llama.cpp detokenize with

@@ -255,6 +255,7 @@ pub fn decode_pass<'a>(
             kv,
             share: None,
             logits_from: 0,
+            hidden: None,
         })
         .collect();
     weights::decoding(|| model.forward_packed(&mut seqs, false)).map(|(logits, _)| logits)

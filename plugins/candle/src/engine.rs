@@ -14,13 +14,17 @@
 //! [`crate::attention::KEY_ALIGN`]) and every pass has at least [`MIN_ROWS`] rows, so with f32
 //! weights a prompt's logprobs come out bit-identical with the cache on or off, alone or batched.
 
+use std::ops::Range;
+
 use candle_core::Tensor;
 use lmhost_plugin_api::{
-    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord, TokenDelta,
+    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord, TextSpan,
+    TokenDelta,
 };
 use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore};
 use lmhost_plugin_kit::text::{logprob_of, TextFrontEnd};
 
+use crate::attention::Hidden;
 use crate::kv::KvState;
 use crate::models::{mean_rows, CausalLm, Forward, Logits, Seq};
 use crate::source::Loaded;
@@ -45,6 +49,15 @@ struct Item {
     /// The reply ids whose logprobs are read (all but the last are in `tokens`); empty when
     /// generating.
     scored: Vec<u32>,
+    /// Prompt positions hidden from the rows at and after a position (`score_hidden`).
+    hide: Option<Hide>,
+}
+
+/// Positions `keys` are hidden from the rows at `from..`; the positions before `from` are the
+/// prompt's own, seeing everything, so they may come from the cache or be stored there.
+struct Hide {
+    from: usize,
+    keys: Vec<Range<usize>>,
 }
 
 /// Where an [`Item`] begins: its state, an earlier item of its group whose first positions it
@@ -129,16 +142,23 @@ impl Engine {
         mut store: Option<&mut dyn PrefixStore<KvState>>,
         mut each: impl FnMut(&Item, Ran) -> Result<(), PluginError>,
     ) -> Result<(), PluginError> {
+        // Rows an item computes, counting the positions hidden keys let it take from the cache
+        // (which `score_hidden` filled first).
+        let cached = store.is_some();
+        let size = |item: &Item| match &item.hide {
+            Some(_) if cached => item.tokens.len() - item.cacheable(),
+            _ => item.tokens.len(),
+        };
         let mut first = 0;
         while first < items.len() {
             let mut end = first + 1;
-            let mut tokens = items[first].tokens.len();
-            while items[first].tokens.len() <= PREFILL_CHUNK
+            let mut tokens = size(&items[first]);
+            while tokens <= PREFILL_CHUNK
                 && end < items.len()
-                && items[end].tokens.len() <= PREFILL_CHUNK
-                && tokens + items[end].tokens.len() <= PASS_TOKENS
+                && size(&items[end]) <= PREFILL_CHUNK
+                && tokens + size(&items[end]) <= PASS_TOKENS
             {
-                tokens += items[end].tokens.len();
+                tokens += size(&items[end]);
                 end += 1;
             }
             let group = &items[first..end];
@@ -167,7 +187,7 @@ impl Engine {
             items.iter().zip(kvs).zip(reused.into_iter().zip(logits))
         {
             if let Some(store) = store.as_deref_mut() {
-                let head = item.prompt_len - 1;
+                let head = item.cacheable();
                 if head > 0 {
                     let mut state = kv.clone();
                     state.crop(head).map_err(internal)?;
@@ -197,10 +217,18 @@ impl Engine {
                         at: 0,
                     };
                 };
-                let earlier = best_share(items, j);
+                // Items hiding keys take their prefix from the cache only: an earlier item of
+                // the pass may compute it in chunks, which a share cannot follow.
+                let earlier = best_share(items, j).filter(|_| items[j].hide.is_none());
                 let shared = earlier.map_or(0, |(_, n)| n);
-                let prompt = &items[j].tokens[..items[j].prompt_len];
+                let prompt = &items[j].tokens[..items[j].cacheable() + 1];
                 match store.lookup(prompt, shared) {
+                    // A scored item's state is dropped after its pass: no room to decode.
+                    Some((kv, cached)) if !items[j].scored.is_empty() => Start {
+                        kv: kv.without_spare(),
+                        share: None,
+                        at: cached,
+                    },
                     Some((kv, cached)) => Start {
                         kv,
                         share: None,
@@ -255,6 +283,10 @@ impl Engine {
                     share: shares[j].filter(|_| first_pass),
                     logits_from: (items[j].prompt_len - 1).saturating_sub(pos[j]),
                     kv,
+                    hidden: items[j].hide.as_ref().map(|h| Hidden {
+                        from: h.from,
+                        keys: &h.keys,
+                    }),
                 })
                 .collect();
             let (out, _) = self
@@ -342,6 +374,7 @@ impl Engine {
                     prompt_len: prompt.len(),
                     tokens: prompt,
                     scored: Vec::new(),
+                    hide: None,
                 })
             })
             .collect::<Result<Vec<Item>, PluginError>>()?;
@@ -484,6 +517,54 @@ impl Engine {
         Ok(records)
     }
 
+    /// Teacher-forced log-probabilities of `reply` after `snapshot`, once per entry of
+    /// `hidden`, with the spans it lists hidden from the rows after the last span (the plugin
+    /// API's `score_hidden`). The prompt up to there runs once (or comes from the cache), so
+    /// each entry computes only its last rows; with the cache off each computes all of them.
+    pub fn score_hidden(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+        (spans, hidden): (&[TextSpan], &[Vec<u32>]),
+        mut store: Option<&mut dyn PrefixStore<KvState>>,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        let plan = self.front.hidden_scoring(snapshot, reply, spans, hidden)?;
+        let items: Vec<Item> = plan
+            .hidden
+            .into_iter()
+            .map(|keys| Item {
+                hide: Some(Hide {
+                    from: plan.from,
+                    keys,
+                }),
+                ..Item::scoring(plan.prompt.clone(), plan.reply.clone())
+            })
+            .collect();
+        if plan.reply.is_empty() {
+            return Ok(items.iter().map(|item| record(item, &[], 0)).collect());
+        }
+        if let (Some(store), true) = (store.as_deref_mut(), plan.from > 0) {
+            let shared = Item {
+                tokens: plan.prompt[..=plan.from].to_vec(),
+                prompt_len: plan.from + 1,
+                scored: Vec::new(),
+                hide: None,
+            };
+            self.run(std::slice::from_ref(&shared), Some(store), |_, _| Ok(()))?;
+        }
+        let mut records = Vec::with_capacity(items.len());
+        self.run(&items, store, |item, ran| {
+            let logprobs: Vec<f32> = rows(&ran.logits)?
+                .iter()
+                .zip(&item.scored)
+                .map(|(row, &id)| logprob_of(row, id))
+                .collect();
+            records.push(record(item, &logprobs, ran.reused));
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
     /// [`Engine::score_batch`] of one prompt.
     pub fn score(
         &self,
@@ -506,7 +587,15 @@ impl Item {
             tokens,
             prompt_len,
             scored,
+            hide: None,
         }
+    }
+
+    /// How many prompt positions the cache may give or take: all but the last, and with
+    /// hidden keys none of the rows that do not see them.
+    fn cacheable(&self) -> usize {
+        let head = self.prompt_len - 1;
+        self.hide.as_ref().map_or(head, |h| h.from.min(head))
     }
 }
 
@@ -524,6 +613,7 @@ fn record(item: &Item, logprobs: &[f32], reused: usize) -> ScoreRecord {
 fn best_share(items: &[Item], j: usize) -> Option<(usize, usize)> {
     let item = &items[j];
     (0..j)
+        .filter(|&i| items[i].hide.is_none())
         .map(|i| {
             let n = common_prefix(&items[i].tokens, &item.tokens).min(item.prompt_len - 1);
             (i, n)

@@ -26,6 +26,8 @@ use lmhost_plugin_kit::prefix_cache::Segment;
 #[derive(Debug, Clone)]
 pub struct KvState {
     layers: Vec<Option<Layer>>,
+    /// Whether a copying append leaves room to grow (see [`KvState::without_spare`]).
+    spare: bool,
 }
 
 /// One layer of a state: views of positions `0..len` of a buffer it may share.
@@ -97,11 +99,12 @@ impl Layer {
     }
 
     /// `held` followed by `k` and `v` in a new buffer with room for twice what `held` holds
-    /// (no room after a first append: a state that is never extended costs what it holds).
-    fn grown(held: Option<&Layer>, k: &Tensor, v: &Tensor) -> Result<Self> {
+    /// when `room` (none after a first append: a state that is never extended costs what it
+    /// holds).
+    fn grown(held: Option<&Layer>, k: &Tensor, v: &Tensor, room: bool) -> Result<Self> {
         let old = held.map_or(0, Layer::len);
         let len = old + k.dim(SEQ_DIM)?;
-        let spare = len.max(2 * old) - len;
+        let spare = if room { len.max(2 * old) - len } else { 0 };
         let join = |held: Option<&Tensor>, new: &Tensor| {
             let mut parts: Vec<Tensor> = held.into_iter().cloned().collect();
             parts.push(new.contiguous()?);
@@ -127,7 +130,16 @@ impl KvState {
     pub fn new(n_layers: usize) -> Self {
         KvState {
             layers: vec![None; n_layers],
+            spare: true,
         }
+    }
+
+    /// This state, whose appends that copy leave no room to grow: a state that is scored once
+    /// and dropped (a coalition after a long cached prefix) then copies the prefix once, not
+    /// into a buffer of twice its size.
+    pub fn without_spare(mut self) -> Self {
+        self.spare = false;
+        self
     }
 
     /// Positions held (the same in every layer).
@@ -151,7 +163,7 @@ impl KvState {
                 return Ok((held.k.clone(), held.v.clone()));
             }
         }
-        let grown = Layer::grown(slot.as_ref(), k, v)?;
+        let grown = Layer::grown(slot.as_ref(), k, v, self.spare)?;
         let held = slot.insert(grown);
         Ok((held.k.clone(), held.v.clone()))
     }
@@ -200,7 +212,10 @@ impl KvState {
                 _ => Ok(None),
             })
             .collect::<Result<_>>()?;
-        Ok(KvState { layers })
+        Ok(KvState {
+            layers,
+            spare: true,
+        })
     }
 
     /// The states of consecutive position ranges joined into one, in order. One part comes back
@@ -228,7 +243,10 @@ impl KvState {
                 )?))
             })
             .collect::<Result<_>>()?;
-        Ok(KvState { layers })
+        Ok(KvState {
+            layers,
+            spare: true,
+        })
     }
 
     /// Bytes of the positions held (a cropped view is counted at its cropped length; spare

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use lmhost_plugin_api::{
     lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
     GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
-    ScoreRecord, TokenDelta, TokenizeRecord,
+    ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
 };
 
 use crate::audio_backend::{AudioBackend, SpeechModel};
@@ -192,6 +192,21 @@ impl Backend for Candle {
                 })
             }),
         }?;
+        for record in &records {
+            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
+        }
+        Ok(records)
+    }
+
+    fn score_hidden(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+        spans: &[TextSpan],
+        hidden: &[Vec<u32>],
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        let text = self.text("score_hidden")?;
+        let records = text.score_hidden(snapshot, reply, (spans, hidden), &self.pool)?;
         for record in &records {
             self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
         }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::DType;
 use lmhost_plugin_api::{
     lock_or_reset, BackendStats, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, Logger, PluginError, ScoreRecord, TokenDelta,
+    GenerationRecord, KvCacheSettings, Logger, PluginError, ScoreRecord, TextSpan, TokenDelta,
     TokenizeRecord,
 };
 
@@ -152,6 +152,20 @@ impl TextModel {
             .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
         let engine = self.engine(pool)?;
         self.with_store(|store| install(pool, || engine.score_batch(snapshots, reply, store)))
+    }
+
+    pub fn score_hidden(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+        hiding: (&[TextSpan], &[Vec<u32>]),
+        pool: &rayon::ThreadPool,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        self.refuse_audio(snapshot)?;
+        let engine = self.engine(pool)?;
+        self.with_store(|store| {
+            install(pool, || engine.score_hidden(snapshot, reply, hiding, store))
+        })
     }
 
     pub fn tokenize(

@@ -9,7 +9,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::{json, Value};
-use lmhost_plugin_api::{Backend, ConversationSnapshot, GenerationConfig, PluginContext};
+use lmhost_plugin_api::{Backend, ConversationSnapshot, GenerationConfig, PluginContext, TextSpan};
 
 fn model_path() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -410,5 +410,116 @@ fn generate_batch_decodes_together_and_matches_one_at_a_time() {
     assert!(
         2 * passes < steps,
         "{steps} steps in {passes} passes: fewer than two rows a pass"
+    );
+}
+
+/// Three context sentences, then a question about the first, in one user message; the spans of
+/// the sentences.
+fn hiding_case() -> (ConversationSnapshot, Vec<TextSpan>) {
+    let sentences = [
+        "The capital of Freedonia is Sylvania.",
+        "The sky is blue.",
+        "Dogs bark at night.",
+    ];
+    let text = format!("{} What is the capital of Freedonia?", sentences.join(" "));
+    let spans = sentences
+        .iter()
+        .map(|s| {
+            let start = text.find(s).unwrap() as u32;
+            TextSpan {
+                message: 0,
+                start,
+                end: start + s.len() as u32,
+            }
+        })
+        .collect();
+    (ConversationSnapshot::from_prompt(&text), spans)
+}
+
+/// A span becomes the tokens that spell it, and the rows computed again begin right after the
+/// last span.
+#[test]
+fn hidden_spans_become_the_tokens_that_spell_them() {
+    let (snapshot, spans) = hiding_case();
+    let engine = f32_model().engine().unwrap();
+    let plan = engine
+        .front
+        .hidden_scoring(
+            &snapshot,
+            "Sylvania",
+            &spans,
+            &[vec![1], vec![0, 2], vec![]],
+        )
+        .unwrap();
+    let text = |ids: &[u32]| engine.front.decode(ids, false).unwrap();
+    let spelled = |ranges: &[std::ops::Range<usize>]| -> Vec<String> {
+        ranges
+            .iter()
+            .map(|r| text(&plan.prompt[r.clone()]).trim().to_string())
+            .collect()
+    };
+    assert_eq!(spelled(&plan.hidden[0]), ["The sky is blue."]);
+    assert_eq!(
+        spelled(&plan.hidden[1]),
+        [
+            "The capital of Freedonia is Sylvania.",
+            "Dogs bark at night."
+        ]
+    );
+    assert!(plan.hidden[2].is_empty());
+    assert!(text(&plan.prompt[..plan.from]).ends_with("Dogs bark at night."));
+    assert!(text(&plan.prompt[plan.from..]).starts_with(" What is the capital"));
+    assert_eq!(plan.prompt, engine.front.prompt_ids(&snapshot, 0).unwrap());
+}
+
+/// `score_hidden`: hiding nothing is `score`; the cache on or off and one entry or a batch give
+/// the same logprobs (so hidden keys apply to the rows after the last span only); only those
+/// rows are computed once the prompt is cached; and hiding the sentence that holds the answer
+/// costs the answer far more than hiding an unrelated one.
+#[test]
+fn score_hidden_hides_spans_from_the_reply_alone_and_reuses_the_prompt() {
+    let (snapshot, spans) = hiding_case();
+    let (off, on) = (
+        open(json!({"weights": "f32"})),
+        open(json!({"weights": "f32"})),
+    );
+    on.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
+        enabled: true,
+        max_entries: 64,
+        max_bytes: 0,
+    })
+    .unwrap();
+    let reply = "The capital of Freedonia is Sylvania.";
+    let hidden = [vec![], vec![0], vec![1], vec![0, 1, 2]];
+    let plain = off.score(&snapshot, reply).unwrap();
+    let cold = off.score_hidden(&snapshot, reply, &spans, &hidden).unwrap();
+    let warm = on.score_hidden(&snapshot, reply, &spans, &hidden).unwrap();
+    let alone = on
+        .score_hidden(&snapshot, reply, &spans, &hidden[1..2])
+        .unwrap();
+    assert_eq!(cold.len(), 4);
+    assert!(max_abs_diff(&cold[0].logprobs, &plain.logprobs) <= 1e-5);
+    for (c, w) in cold.iter().zip(&warm) {
+        assert_eq!(c.token_ids, w.token_ids);
+        assert!(max_abs_diff(&c.logprobs, &w.logprobs) <= 1e-5);
+    }
+    assert!(max_abs_diff(&alone[0].logprobs, &warm[1].logprobs) <= 1e-5);
+    let computed = |r: &lmhost_plugin_api::ScoreRecord| r.prompt_tokens - r.cached_prompt_tokens;
+    assert_eq!(computed(&cold[1]), cold[1].prompt_tokens, "cache off");
+    assert!(
+        computed(&alone[0]) <= 16,
+        "{} of {} prompt tokens computed",
+        computed(&alone[0]),
+        alone[0].prompt_tokens
+    );
+    let total: Vec<f64> = warm.iter().map(|r| r.total_logprob()).collect();
+    println!(
+        "answer logprob: all {:.3}, hide the fact {:.3}, hide the sky {:.3}, hide all {:.3}",
+        total[0], total[1], total[2], total[3]
+    );
+    let (fact, sky) = (total[0] - total[1], total[0] - total[2]);
+    assert!(
+        fact > 1.0 && fact > 4.0 * sky.abs(),
+        "fact {fact}, sky {sky}"
     );
 }

@@ -58,7 +58,8 @@ impl<'a> Heads<'a> {
 /// apply (not f32 on CPU, or keys not laid out as a state holds them).
 pub fn rows(q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Option<Tensor>> {
     let (_, heads, n, d) = q.dims4()?;
-    if q.dtype() != DType::F32 || !q.device().is_cpu() || n != rows.len() {
+    let hides = rows.iter().any(|r| r.params.hidden.is_some());
+    if q.dtype() != DType::F32 || !q.device().is_cpu() || n != rows.len() || hides {
         return Ok(None);
     }
     let Some(n_rep) = rows.first().map(|r| r.params.n_rep) else {

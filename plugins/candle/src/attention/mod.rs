@@ -6,6 +6,7 @@
 //! model code. Every implementation must give the same output within float tolerance (tested).
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use candle_core::{Device, Result, Tensor, D};
@@ -14,7 +15,7 @@ mod decode;
 
 /// What an attention call needs besides q, k and v.
 #[derive(Debug, Clone, Copy)]
-pub struct AttnParams {
+pub struct AttnParams<'a> {
     /// Multiplier of q·k (usually 1/sqrt(head_dim)).
     pub scale: f64,
     /// Query heads per key/value head (grouped-query attention).
@@ -23,6 +24,17 @@ pub struct AttnParams {
     pub offset: usize,
     /// Keys further back than this many positions are invisible (Mistral-style).
     pub sliding_window: Option<usize>,
+    /// Keys hidden from some queries besides (explain's `hide` absence); an implementation
+    /// must honour it as the mask of [`hidden_mask`] does.
+    pub hidden: Option<Hidden<'a>>,
+}
+
+/// Key positions `keys` are invisible to the queries at positions `from..`: the reply rows of
+/// a prompt scored with some of its text hidden (the plugin API's `score_hidden`).
+#[derive(Debug, Clone, Copy)]
+pub struct Hidden<'a> {
+    pub from: usize,
+    pub keys: &'a [Range<usize>],
 }
 
 /// An attention kernel: `q` is `(1, heads, q_len, head_dim)`, `k` and `v` are
@@ -30,7 +42,7 @@ pub struct AttnParams {
 /// `v` are usually views of the [`crate::kv::KvState`]'s larger buffers, so they are not
 /// contiguous across heads.
 pub trait Attention: Send + Sync {
-    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor>;
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams<'_>) -> Result<Tensor>;
 
     /// A decode pass: row `i` of `q` `(1, heads, rows, head_dim)` is the one query of sequence
     /// `i`, against that sequence's own keys and values `rows[i]`. Returns q's shape. By default
@@ -45,7 +57,7 @@ pub trait Attention: Send + Sync {
 pub struct RowKeys<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
-    pub params: AttnParams,
+    pub params: AttnParams<'a>,
 }
 
 /// [`Attention::forward_rows`] one row at a time.
@@ -94,9 +106,12 @@ pub fn names() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The additive-mask decision: may query `qi` (absolute position) see key `kj`?
-fn visible(qi: usize, kj: usize, window: Option<usize>) -> bool {
-    kj <= qi && window.is_none_or(|w| qi - kj < w)
+/// The additive-mask decision: may query `qi` (absolute position) see key `kj`, which
+/// `hidden` (when set) says is one of the hidden keys?
+fn visible(qi: usize, kj: usize, window: Option<usize>, hidden: Option<(usize, bool)>) -> bool {
+    kj <= qi
+        && window.is_none_or(|w| qi - kj < w)
+        && hidden.is_none_or(|(from, hidden)| qi < from || !hidden)
 }
 
 /// `(q_len, kv_len)` u8 mask for queries at `offset..`, 1 where the key is hidden; `None` when
@@ -105,11 +120,23 @@ pub fn hidden_mask(
     q_len: usize,
     offset: usize,
     kv_len: usize,
-    window: Option<usize>,
+    (window, hidden): (Option<usize>, Option<Hidden<'_>>),
     device: &Device,
 ) -> Result<Option<Tensor>> {
+    // Which keys are hidden, looked up once per key rather than once per query and key.
+    let mut hidden_keys = vec![false; kv_len];
+    for r in hidden.iter().flat_map(|h| h.keys) {
+        hidden_keys[r.start.min(kv_len)..r.end.min(kv_len)].fill(true);
+    }
+    let from = hidden.map(|h| h.from);
     let mask: Vec<u8> = (0..q_len)
-        .flat_map(|i| (0..kv_len).map(move |j| u8::from(!visible(offset + i, j, window))))
+        .flat_map(|i| {
+            let hidden_keys = &hidden_keys;
+            (0..kv_len).map(move |j| {
+                let hidden = from.map(|from| (from, hidden_keys[j]));
+                u8::from(!visible(offset + i, j, window, hidden))
+            })
+        })
         .collect();
     if mask.iter().all(|&m| m == 0) {
         return Ok(None);
@@ -180,13 +207,19 @@ impl Default for Eager {
 }
 
 impl Attention for Eager {
-    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams<'_>) -> Result<Tensor> {
         let q_len = q.dim(2)?;
         let k = repeat_kv(k, p.n_rep, self.key_align)?;
         let v = repeat_kv(v, p.n_rep, self.key_align)?;
         let scores = (q.matmul(&k.t()?)? * p.scale)?;
         let kv_len = k.dim(2)?;
-        let mask = hidden_mask(q_len, p.offset, kv_len, p.sliding_window, q.device())?;
+        let mask = hidden_mask(
+            q_len,
+            p.offset,
+            kv_len,
+            (p.sliding_window, p.hidden),
+            q.device(),
+        )?;
         let scores = apply_mask(&scores, mask.as_ref())?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         probs.matmul(&v.contiguous()?)
@@ -207,7 +240,7 @@ pub struct Chunked {
 }
 
 impl Attention for Chunked {
-    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams<'_>) -> Result<Tensor> {
         let (b, heads, q_len, d) = q.dims4()?;
         let kv_heads = k.dim(1)?;
         let kt = pad_keys(k, KEY_ALIGN)?.t()?.contiguous()?;
@@ -223,7 +256,13 @@ impl Attention for Chunked {
             let scores = (qc.matmul(&kt)? * p.scale)?;
             let kv_len = kt.dim(D::Minus1)?;
             let scores = scores.reshape((b, kv_heads, p.n_rep, len, kv_len))?;
-            let mask = hidden_mask(len, p.offset + start, kv_len, p.sliding_window, q.device())?;
+            let mask = hidden_mask(
+                len,
+                p.offset + start,
+                kv_len,
+                (p.sliding_window, p.hidden),
+                q.device(),
+            )?;
             let scores = apply_mask(&scores, mask.as_ref())?;
             let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((
                 b,
@@ -292,6 +331,7 @@ mod tests {
                 n_rep: 3,
                 offset,
                 sliding_window: window,
+                hidden: None,
             };
             let reference = Eager { key_align: 1 }.forward(&q, &k, &v, &p).unwrap();
             for name in names() {
@@ -348,6 +388,7 @@ mod tests {
                     n_rep: heads / kv_heads,
                     offset,
                     sliding_window,
+                    hidden: None,
                 },
             })
             .collect();
@@ -378,6 +419,55 @@ mod tests {
         assert!(decode::rows(&q16, &keys).unwrap().is_none());
     }
 
+    /// The reference for hidden keys is independent of the mask: each query row alone against
+    /// its keys with the hidden ones cut out (their rotations were already applied).
+    #[test]
+    fn hidden_keys_are_as_if_cut_out_for_queries_from_their_position() {
+        register("chunked_small", Arc::new(Chunked { chunk: 3 }));
+        let (offset, q_len) = (5, 4);
+        let q = rand((1, 6, q_len, 8), 0.3);
+        let k = rand((1, 2, offset + q_len, 8), 1.1);
+        let v = rand((1, 2, offset + q_len, 8), 2.9);
+        let keys = [1..3, 4..5];
+        let hidden = Hidden {
+            from: 6,
+            keys: &keys,
+        };
+        let params = |offset, hidden| AttnParams {
+            scale: 0.35,
+            n_rep: 3,
+            offset,
+            sliding_window: None,
+            hidden,
+        };
+        let expected: Vec<Tensor> = (0..q_len)
+            .map(|i| {
+                let position = offset + i;
+                let kept: Vec<u32> = (0..=position as u32)
+                    .filter(|&j| position < 6 || !keys.iter().any(|r| r.contains(&(j as usize))))
+                    .collect();
+                let index = Tensor::new(kept.as_slice(), &Device::Cpu).unwrap();
+                let (k, v) = (
+                    k.index_select(&index, 2).unwrap(),
+                    v.index_select(&index, 2).unwrap(),
+                );
+                let q = q.narrow(2, i, 1).unwrap().contiguous().unwrap();
+                Eager { key_align: 1 }
+                    .forward(&q, &k, &v, &params(kept.len() - 1, None))
+                    .unwrap()
+            })
+            .collect();
+        let expected = Tensor::cat(&expected, 2).unwrap();
+        for name in names() {
+            let out = resolve(&name)
+                .unwrap()
+                .forward(&q, &k, &v, &params(offset, Some(hidden)))
+                .unwrap();
+            let diff = max_diff(&expected, &out);
+            assert!(diff < 1e-5, "{name} hides keys off by {diff}");
+        }
+    }
+
     #[test]
     fn unknown_name_lists_registered() {
         let err = resolve("flash9").err().unwrap();
@@ -386,7 +476,7 @@ mod tests {
 
     #[test]
     fn sliding_window_hides_old_keys() {
-        let m = hidden_mask(1, 5, 6, Some(2), &Device::Cpu)
+        let m = hidden_mask(1, 5, 6, (Some(2), None), &Device::Cpu)
             .unwrap()
             .unwrap();
         assert_eq!(m.to_vec2::<u8>().unwrap(), vec![vec![1, 1, 1, 1, 0, 0]]);

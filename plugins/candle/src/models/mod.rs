@@ -15,7 +15,7 @@ pub mod whisper;
 
 use candle_core::{Result, Tensor};
 
-use crate::attention::{Attention, AttnParams, RowKeys};
+use crate::attention::{Attention, AttnParams, Hidden, RowKeys};
 use crate::kv::KvState;
 use crate::weights;
 
@@ -58,6 +58,8 @@ pub struct Seq<'a> {
     pub share: Option<(usize, usize)>,
     /// Rows `logits_from..` of `ids` get logits (`ids.len()`: none).
     pub logits_from: usize,
+    /// Keys hidden from some of its rows (a prompt scored with text hidden).
+    pub hidden: Option<Hidden<'a>>,
 }
 
 impl Seq<'_> {
@@ -97,6 +99,7 @@ pub trait CausalLm: Send + Sync {
             kv,
             share: None,
             logits_from,
+            hidden: None,
         }];
         let (mut logits, hidden) = self.forward_packed(&mut seq, hidden)?;
         Ok(Forward {
@@ -242,6 +245,7 @@ pub fn attend_packed(
             n_rep,
             offset,
             sliding_window,
+            hidden: seq.hidden,
         };
         if decode {
             states.push((k, v, params));

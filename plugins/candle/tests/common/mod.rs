@@ -424,18 +424,21 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
             kv: &mut kv_a,
             share: None,
             logits_from: 0,
+            hidden: None,
         },
         Seq {
             ids: &b_ids[20..],
             kv: &mut kv_b,
             share: Some((0, 20)),
             logits_from: 0,
+            hidden: None,
         },
         Seq {
             ids: &c,
             kv: &mut kv_c,
             share: None,
             logits_from: 4,
+            hidden: None,
         },
     ];
     let (logits, _) = model.forward_packed(&mut seqs, false).unwrap();
@@ -457,6 +460,7 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
                 kv: &mut kv_d,
                 share: Some((0, 3)),
                 logits_from: 0,
+                hidden: None,
             }],
             false,
         )
@@ -474,12 +478,14 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
             kv: &mut kv_e,
             share: None,
             logits_from: too_long.len(),
+            hidden: None,
         },
         Seq {
             ids: &c,
             kv: &mut kv_f,
             share: None,
             logits_from: 0,
+            hidden: None,
         },
     ];
     let err = model.forward_packed(&mut seqs, false).unwrap_err();
