@@ -196,6 +196,14 @@ impl ExplanationConfig {
         if self.batch_size == 0 {
             return Err("[explanation] `batch_size` must be >= 1. Given: 0".into());
         }
+        if self.absence == AbsenceKind::Hide && self.value != ValueKind::AnswerLogprob {
+            return Err(format!(
+                "[explanation] `absence = \"hide\"` scores the answer with players hidden, so \
+                 it needs `value = \"answer_logprob\"`; `{}` generates after each coalition's \
+                 prompt (use `absence = \"delete\"` or \"pad\" with it)",
+                self.value
+            ));
+        }
         if self.absence == AbsenceKind::Pad && self.placeholder.is_empty() {
             return Err(
                 "[explanation] `placeholder` is empty; with `absence = \"pad\"` it \
@@ -441,6 +449,18 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("`refine_to` must be \"sentences\" or \"words\". Given: \"messages\""),
+            "{err}"
+        );
+        let err = parse(
+            "[backend]\nkind = \"mock\"\n[explanation]\nabsence = \"hide\"\n\
+             value = \"generated_logprob\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "`absence = \"hide\"` scores the answer with players hidden, so it needs \
+                 `value = \"answer_logprob\"`; `generated_logprob` generates"
+            ),
             "{err}"
         );
         let config = parse(

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lmhost_plugin_api::{
     BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    KvCacheSettings, ScoreRecord,
+    KvCacheSettings, ScoreRecord, TextSpan,
 };
 use serde::Serialize;
 
@@ -24,8 +24,8 @@ use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
 use crate::explain::value::ValueFunction;
 use crate::explain::{
-    hierarchy, value, BaseAnswer, EstimatorSettings, Evaluation, Explanation, Granularity, Job,
-    Model, Need, Plan, Players, Stopped,
+    hierarchy, value, AbsenceKind, BaseAnswer, EstimatorSettings, Evaluation, Explanation,
+    Granularity, Job, Model, Need, Plan, Players, Stopped,
 };
 use crate::run_store::{digest, prompt_key, RunStore};
 
@@ -207,6 +207,60 @@ impl Model for BackendModel<'_> {
     }
 }
 
+/// A backend seen as a [`Model`] that scores a coalition's prompt (its `Delete` rendering,
+/// found by key) as the whole conversation with the coalition's absent players hidden from
+/// the answer (`absence = "hide"`, the backend's `score_hidden`, see [`hiding_spans`]).
+struct HidingModel<'a> {
+    backend: &'a Backend,
+    conversation: &'a ConversationSnapshot,
+    spans: Vec<TextSpan>,
+    /// The absent players of each prompt, by prompt key.
+    absent: HashMap<String, Vec<u32>>,
+}
+
+impl Model for HidingModel<'_> {
+    fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    fn generate(
+        &self,
+        _: &ConversationSnapshot,
+        _: bool,
+    ) -> std::result::Result<GenerationRecord, String> {
+        Err("absence = \"hide\" scores a given answer; it cannot generate".into())
+    }
+
+    fn score(
+        &self,
+        prompt: &ConversationSnapshot,
+        reply: &str,
+    ) -> std::result::Result<ScoreRecord, String> {
+        self.score_batch(std::slice::from_ref(prompt), reply)?
+            .pop()
+            .ok_or_else(|| "score_hidden returned no record".into())
+    }
+
+    fn score_batch(
+        &self,
+        prompts: &[ConversationSnapshot],
+        reply: &str,
+    ) -> std::result::Result<Vec<ScoreRecord>, String> {
+        let hidden = prompts
+            .iter()
+            .map(|p| {
+                self.absent
+                    .get(&prompt_key(p))
+                    .cloned()
+                    .ok_or_else(|| "a prompt that is no coalition of this level".to_string())
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.backend
+            .score_hidden(self.conversation, reply, &self.spans, &hidden)
+            .map_err(|e| e.to_string())
+    }
+}
+
 impl BackendModel<'_> {
     /// The run's generation settings, asking for embeddings when `embeddings` is set.
     fn config(&self, embeddings: bool) -> GenerationConfig {
@@ -276,8 +330,8 @@ pub fn run(
         stats_before: &stats_before,
         started,
     };
-    let levels = explain_levels(players, plan, &settings, |prompts| {
-        evaluator.values(prompts)
+    let levels = explain_levels(players, plan, &settings, |job| {
+        evaluator.values(job, settings.absence)
     })?;
     let widest = levels.token_width();
     let Levels {
@@ -336,7 +390,7 @@ pub(crate) fn explain_levels(
     players: Players,
     plan: Plan,
     settings: &ExplanationConfig,
-    mut values: impl FnMut(&[ConversationSnapshot]) -> Result<Vec<Evaluation>>,
+    mut values: impl FnMut(&Job) -> Result<Vec<Evaluation>>,
 ) -> Result<Levels> {
     let (job, explanation, stopped) = in_rounds(players, plan, settings, &mut values)?;
     let mut refinements: Vec<Refinement> = Vec::new();
@@ -430,9 +484,17 @@ struct Evaluator<'a> {
 }
 
 impl Evaluator<'_> {
-    /// One value per prompt, in order.
-    fn values(&mut self, prompts: &[ConversationSnapshot]) -> Result<Vec<Evaluation>> {
-        let keys: Vec<String> = prompts.iter().map(prompt_key).collect();
+    /// One value per prompt of `job`, in order; with `hide`, each scored with its coalition's
+    /// absent players hidden.
+    fn values(&mut self, job: &Job, absence: AbsenceKind) -> Result<Vec<Evaluation>> {
+        let prompts = job.prompts();
+        let keys = value_keys(job, absence);
+        let hiding = (absence == AbsenceKind::Hide).then(|| HidingModel {
+            backend: self.model.backend,
+            conversation: job.players().conversation(),
+            spans: hiding_spans(job.players()),
+            absent: prompts.iter().map(prompt_key).zip(job.absent()).collect(),
+        });
         let new: Vec<(&ConversationSnapshot, &String)> = prompts
             .iter()
             .zip(&keys)
@@ -446,7 +508,7 @@ impl Evaluator<'_> {
                     evaluated: self.stats.evaluated,
                 });
             }
-            self.evaluate_batch(batch)?;
+            self.evaluate_batch(batch, hiding.as_ref())?;
             if let Some(report) = &self.on_progress {
                 report(&Progress {
                     done: self.known.len(),
@@ -458,21 +520,28 @@ impl Evaluator<'_> {
         Ok(keys.iter().map(|key| self.known[key].clone()).collect())
     }
 
-    fn evaluate_batch(&mut self, batch: &[(&ConversationSnapshot, &String)]) -> Result<()> {
+    fn evaluate_batch(
+        &mut self,
+        batch: &[(&ConversationSnapshot, &String)],
+        hiding: Option<&HidingModel<'_>>,
+    ) -> Result<()> {
         let missing: Vec<ConversationSnapshot> = batch
             .iter()
             .filter(|(_, key)| !self.stored.contains_key(*key))
             .map(|(prompt, _)| (*prompt).clone())
             .collect();
+        let (model, value_fn): (&dyn Model, _) = match hiding {
+            Some(hiding) => (hiding, self.value_fn),
+            None => (self.model, self.value_fn),
+        };
         // A batch the run directory holds whole never reaches the backend (nor loads its model).
         let batched = if missing.is_empty() {
             Ok(Vec::new())
         } else {
-            self.value_fn.evaluate_batch(self.model, &missing)
+            value_fn.evaluate_batch(model, &missing)
         };
         // A failed batch keeps what it can: its prompts run one at a time, each stored as it
         // comes, up to the one that fails (whose own error is then the run's).
-        let (model, value_fn) = (self.model, self.value_fn);
         let mut fresh: Box<dyn Iterator<Item = std::result::Result<_, _>>> = match batched {
             Ok(values) => Box::new(values.into_iter().map(Ok)),
             Err(_) => Box::new(missing.iter().map(|p| value_fn.evaluate(model, p))),
@@ -491,7 +560,7 @@ impl Evaluator<'_> {
                             message: "fewer values came back than prompts were sent".into(),
                         })??;
                     if let Some(store) = self.store {
-                        store.put(self.run_key, prompt, &e)?;
+                        store.put(self.run_key, key, prompt, &e)?;
                     }
                     self.stats.evaluated += 1;
                     self.stats.prompt_tokens_computed +=
@@ -527,12 +596,12 @@ pub(crate) fn in_rounds(
     players: Players,
     plan: Plan,
     settings: &ExplanationConfig,
-    mut values: impl FnMut(&[ConversationSnapshot]) -> Result<Vec<Evaluation>>,
+    mut values: impl FnMut(&Job) -> Result<Vec<Evaluation>>,
 ) -> Result<(Job, Explanation, Option<Stopped>)> {
     let stopping = settings.stopping();
     let mut explain = |plan: Plan| -> Result<(Job, Explanation)> {
         let job = job(players.clone(), plan, settings);
-        let (totals, tokens): (Vec<f64>, Vec<Vec<f64>>) = values(job.prompts())?
+        let (totals, tokens): (Vec<f64>, Vec<Vec<f64>>) = values(&job)?
             .into_iter()
             .map(|e| (e.value, e.tokens))
             .unzip();
@@ -594,6 +663,38 @@ pub(crate) fn job(players: Players, plan: Plan, settings: &ExplanationConfig) ->
     )
 }
 
+/// The key of each prompt of `job`, for this run's memo and the run directory: the prompt's
+/// own, and under `absence = "hide"` also the span the rows computed per coalition follow.
+/// `reanalyze` finds values by the same keys.
+pub(crate) fn value_keys(job: &Job, absence: AbsenceKind) -> Vec<String> {
+    let keys = job.prompts().iter().map(prompt_key);
+    if absence != AbsenceKind::Hide {
+        return keys.collect();
+    }
+    let last = hiding_spans(job.players()).pop();
+    keys.map(|key| digest(format!("{key} hidden from after {last:?}").as_bytes()))
+        .collect()
+}
+
+/// What `score_hidden` gets for `players`: their spans, then an empty one at the end of the
+/// conversation's last message, so that every level of a hierarchical run computes the prompt
+/// once up to there and only the answer's rows (after the template's tail) per coalition.
+fn hiding_spans(players: &Players) -> Vec<TextSpan> {
+    let conversation = players.conversation();
+    let last = conversation.messages().count().saturating_sub(1);
+    let end = conversation
+        .messages()
+        .last()
+        .map_or(0, |m| m.text_content().len()) as u32;
+    let mut spans = players.spans();
+    spans.push(TextSpan {
+        message: last as u32,
+        start: end,
+        end,
+    });
+    spans
+}
+
 /// What the base answer depends on: the plugin, the model, its options and generation settings.
 /// The run directory keys answers by it; `reanalyze` rebuilds it without a backend.
 pub(crate) fn setup_key(
@@ -617,17 +718,19 @@ pub(crate) fn run_key(
     settings: &ExplanationConfig,
     base: &BaseAnswer,
 ) -> String {
-    digest(
-        serde_json::json!({
-            "setup": setup_key,
-            "value": settings.value,
-            "value_mean": settings.value_mean,
-            "answer": base.text,
-            "answer_embedding": base.contextual_embedding,
-        })
-        .to_string()
-        .as_bytes(),
-    )
+    let mut key = serde_json::json!({
+        "setup": setup_key,
+        "value": settings.value,
+        "value_mean": settings.value_mean,
+        "answer": base.text,
+        "answer_embedding": base.contextual_embedding,
+    });
+    // Hidden coalitions are keyed by their deleted rendering: the same prompts as `delete`,
+    // other values. (Only then: the keys of the stores of other absences stay as they were.)
+    if settings.absence == AbsenceKind::Hide {
+        key["absence"] = serde_json::json!("hide");
+    }
+    digest(key.to_string().as_bytes())
 }
 
 /// What a generated answer depends on: the setup, whether embeddings came with it, and the

@@ -96,6 +96,93 @@ fn smollm2_attributions_are_the_same_with_the_prefix_cache_on_and_off() {
     );
 }
 
+/// `--absence hide` on a needle among distractors: the supporting sentence ranks first, as it
+/// does under `delete`, for a fraction of the prompt tokens computed; its values are keyed
+/// apart from `delete`'s in the run directory, and `--reanalyze` replays them.
+#[test]
+fn smollm2_hide_finds_the_needle_for_a_fraction_of_delete_s_tokens() {
+    require("smollm2");
+    let dir = tempfile::tempdir().unwrap();
+    let places = ["library", "bakery", "bank", "cinema", "market", "school"];
+    let mut sentences: Vec<String> = places
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| {
+            [
+                format!("The {p} opens at {} am on Mondays.", 6 + i % 4),
+                format!("The {p} is on Mill Lane."),
+            ]
+        })
+        .collect();
+    sentences.insert(7, "The museum opens at 9 am on Saturdays.".into());
+    let conversation = dir.path().join("needle.json");
+    std::fs::write(
+        &conversation,
+        serde_json::json!({"messages": [
+            {"role": "user", "content": sentences.join(" ")},
+            {"role": "user", "content": "When does the museum open on Saturday?"},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let run_dir = dir.path().join("run");
+    let args = |absence: &'static str| {
+        vec![
+            "--config".to_string(),
+            "configs/default.toml".into(),
+            "--conversation".into(),
+            conversation.to_string_lossy().into_owned(),
+            "--players".into(),
+            "sentences".into(),
+            "--roles".into(),
+            "user".into(),
+            "--estimator".into(),
+            "loo".into(),
+            "--reply".into(),
+            "The museum opens at 9 am on Saturday.".into(),
+            "--absence".into(),
+            absence.into(),
+            "--run-dir".into(),
+            run_dir.to_string_lossy().into_owned(),
+        ]
+    };
+    let run = |name: &str, args: Vec<String>| {
+        explain(
+            dir.path(),
+            name,
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+    };
+    let hide = run("hide", args("hide"));
+    let delete = run("delete", args("delete"));
+    // The context's strongest sentence (the question, a player too, may rank above it).
+    let top = |doc: &Value| {
+        let players = doc["players"].as_array().unwrap();
+        let context = players.iter().filter(|p| p["message"] == 0);
+        let first = context.min_by_key(|p| p["rank"].as_u64().unwrap()).unwrap();
+        first["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(top(&hide), "The museum opens at 9 am on Saturdays.");
+    assert_eq!(top(&delete), top(&hide));
+    assert_eq!(hide["settings"]["absence"], "hide");
+    let computed = |doc: &Value| doc["tokens"]["prompt_tokens_computed"].as_u64().unwrap();
+    println!(
+        "prompt tokens computed: hide {}, delete {}",
+        computed(&hide),
+        computed(&delete)
+    );
+    assert!(
+        3 * computed(&hide) < computed(&delete),
+        "hide computed {} prompt tokens, delete {}",
+        computed(&hide),
+        computed(&delete)
+    );
+    assert_ne!(values(&hide), values(&delete), "other values, keyed apart");
+    let mut replay = args("hide");
+    replay.push("--reanalyze".into());
+    assert_eq!(values(&run("replay", replay)), values(&hide));
+}
+
 #[test]
 fn whisper_attributions_over_an_audio_conversation() {
     require("whisper-tiny.en");

@@ -51,7 +51,7 @@ pub struct Args {
     )]
     turns: Option<Vec<i64>>,
 
-    /// Absent players: delete or pad.
+    /// Absent players: delete, pad, or hide (from the answer's attention; answer_logprob only).
     #[arg(long, value_name = "HOW")]
     absence: Option<AbsenceKind>,
 

@@ -82,7 +82,7 @@ impl fmt::Debug for Coalition {
 
 /// The conversation with only `coalition`'s players present; text outside any player stays.
 ///
-/// With `Absence::Delete` a message whose players are all absent is dropped (and a turn left
+/// With `Absence::Delete` (and `Hide`, whose prompts are keyed by it) a message whose players are all absent is dropped (and a turn left
 /// empty with it); a conversation left with no message at all becomes one empty message (user,
 /// or raw for raw text), since a prompt needs at least one. With `Absence::Pad` each absent player's text becomes the
 /// placeholder and the separators around it stay.
@@ -173,7 +173,7 @@ fn render_message(
             }
             out.push_str(&text[layout.trail.clone()]);
         }
-        Absence::Delete => {
+        Absence::Delete | Absence::Hide => {
             // Text between two players is a separator (whitespace: kept only between present
             // players) or fixed text (a refinement's players lie among text that stays).
             let gap = |k: usize| &text[layout.players[k - 1].1.end..layout.players[k].1.start];

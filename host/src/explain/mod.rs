@@ -95,6 +95,22 @@ impl Job {
         &self.schedule.prompts
     }
 
+    /// Per prompt, in the order of [`Job::prompts`], the players absent from the first
+    /// coalition rendered to it: what [`Absence::Hide`] hides.
+    pub fn absent(&self) -> Vec<Vec<u32>> {
+        let mut absent = vec![None; self.schedule.prompts.len()];
+        let coalitions = self.plan.coalitions().iter().chain(&self.holdout);
+        for (c, &p) in coalitions.zip(&self.schedule.of_coalition) {
+            absent[p].get_or_insert_with(|| {
+                (0..c.n())
+                    .filter(|&i| !c.contains(i))
+                    .map(|i| i as u32)
+                    .collect()
+            });
+        }
+        absent.into_iter().map(Option::unwrap_or_default).collect()
+    }
+
     pub fn plan(&self) -> &Plan {
         &self.plan
     }

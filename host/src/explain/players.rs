@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role};
+use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, TextSpan};
 use serde::Serialize;
 
 use super::coalition::Coalition;
@@ -186,6 +186,18 @@ impl Players {
 
     pub fn players(&self) -> &[Player] {
         &self.players
+    }
+
+    /// Where each player lies, as the plugin API's spans.
+    pub fn spans(&self) -> Vec<TextSpan> {
+        self.players
+            .iter()
+            .map(|p| TextSpan {
+                message: p.message as u32,
+                start: p.span.start as u32,
+                end: p.span.end as u32,
+            })
+            .collect()
     }
 
     pub fn conversation(&self) -> &ConversationSnapshot {

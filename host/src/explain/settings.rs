@@ -71,7 +71,7 @@ named_enum! {
 
 named_enum! {
     /// What happens to an absent player's text.
-    AbsenceKind { Delete = "delete", Pad = "pad" } default Delete
+    AbsenceKind { Delete = "delete", Pad = "pad", Hide = "hide" } default Delete
 }
 
 named_enum! {
@@ -118,6 +118,10 @@ pub enum Absence {
     Delete,
     /// Their text is replaced by `placeholder`.
     Pad { placeholder: String },
+    /// Their text stays, hidden from the attention of what follows the last player (a
+    /// backend's `score_hidden`): the prompt up to there is computed once for every coalition.
+    /// A coalition's prompt (its key and order) is its `Delete` rendering.
+    Hide,
 }
 
 impl Absence {
@@ -131,6 +135,7 @@ impl Absence {
         match kind {
             AbsenceKind::Delete => Absence::Delete,
             AbsenceKind::Pad => Absence::pad(placeholder),
+            AbsenceKind::Hide => Absence::Hide,
         }
     }
 }
