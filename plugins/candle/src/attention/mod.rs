@@ -173,27 +173,9 @@ fn pad_keys(x: &Tensor, align: usize) -> Result<Tensor> {
     x.pad_with_zeros(2, 0, pad)
 }
 
-/// `(1, kvh, L, d)` → `(1, kvh * n_rep, L', d)`: each key/value head padded with zeros to `L'`,
-/// the next multiple of `align`, and repeated `n_rep` times, in one `cat` (padding, then
-/// repeating, would copy the keys twice every decoding step).
-pub fn repeat_kv(x: &Tensor, n_rep: usize, align: usize) -> Result<Tensor> {
-    let (b, kvh, len, d) = x.dims4()?;
-    let padded = len.next_multiple_of(align.max(1));
-    let zeros = match padded - len {
-        0 => None,
-        pad => Some(Tensor::zeros((b, kvh, pad, d), x.dtype(), x.device())?),
-    };
-    let parts: Vec<&Tensor> = (0..n_rep)
-        .flat_map(|_| std::iter::once(x).chain(zeros.as_ref()))
-        .collect();
-    if parts.len() == 1 {
-        return Ok(x.clone());
-    }
-    Tensor::cat(&parts, 2)?.reshape((b, kvh * n_rep, padded, d))
-}
-
 /// Softmax(q kᵀ · scale + mask) v, materializing the whole score matrix; the reference.
-/// `key_align: 1` (no padding) is op for op candle-transformers' attention.
+/// `key_align: 1` (no padding) is candle-transformers' attention, each key/value head shared
+/// by its query heads instead of repeated.
 pub struct Eager {
     pub key_align: usize,
 }
@@ -208,11 +190,16 @@ impl Default for Eager {
 
 impl Attention for Eager {
     fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams<'_>) -> Result<Tensor> {
-        let q_len = q.dim(2)?;
-        let k = repeat_kv(k, p.n_rep, self.key_align)?;
-        let v = repeat_kv(v, p.n_rep, self.key_align)?;
-        let scores = (q.matmul(&k.t()?)? * p.scale)?;
+        let (b, heads, q_len, d) = q.dims4()?;
+        let kv_heads = k.dim(1)?;
+        // Each key/value head meets its group of query heads as one matrix of n_rep · q_len
+        // rows, so the keys are copied once (padded), not once per query head.
+        let k = pad_keys(k, self.key_align)?.contiguous()?;
+        let v = pad_keys(v, self.key_align)?.contiguous()?;
         let kv_len = k.dim(2)?;
+        let grouped = q.contiguous()?.reshape((b, kv_heads, p.n_rep * q_len, d))?;
+        let scores = (grouped.matmul(&k.t()?)? * p.scale)?;
+        let scores = scores.reshape((b, kv_heads, p.n_rep, q_len, kv_len))?;
         let mask = hidden_mask(
             q_len,
             p.offset,
@@ -221,8 +208,13 @@ impl Attention for Eager {
             q.device(),
         )?;
         let scores = apply_mask(&scores, mask.as_ref())?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        probs.matmul(&v.contiguous()?)
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((
+            b,
+            kv_heads,
+            p.n_rep * q_len,
+            kv_len,
+        ))?;
+        probs.matmul(&v)?.reshape((b, heads, q_len, d))
     }
 
     fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
