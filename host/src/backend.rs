@@ -111,16 +111,24 @@ impl Backend {
     }
 
     /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` it lists
-    /// hidden from the tokens after the last span (see the plugin API's `score_hidden`). The
-    /// spans and indexes are checked here, so the plugin gets only valid ones.
+    /// hidden from messages `from_message..` and the reply (see the plugin API's
+    /// `score_hidden`). The spans, indexes and message are checked here, so the plugin gets
+    /// only valid ones.
     pub fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        spans: &[TextSpan],
-        hidden: &[Vec<u32>],
+        (spans, hidden): (&[TextSpan], &[Vec<u32>]),
+        from_message: u32,
     ) -> Result<Vec<ScoreRecord>> {
         check_spans(snapshot, spans).map_err(|e| self.wrap(PluginError::invalid_input(e)))?;
+        let messages = snapshot.messages().count();
+        if from_message as usize >= messages {
+            return Err(self.wrap(PluginError::invalid_input(format!(
+                "score_hidden recomputes from message {from_message}, but the conversation has \
+                 {messages} messages"
+            ))));
+        }
         if let Some(i) = hidden
             .iter()
             .flatten()
@@ -139,6 +147,7 @@ impl Backend {
                 RStr::from_str(reply),
                 spans.into(),
                 hidden.as_slice().into(),
+                from_message,
             )
             .into_result()
             .map_err(|e| self.wrap(e))?;

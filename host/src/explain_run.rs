@@ -209,7 +209,8 @@ impl Model for BackendModel<'_> {
 
 /// A backend seen as a [`Model`] that scores a coalition's prompt (its `Delete` rendering,
 /// found by key) as the whole conversation with the coalition's absent players hidden from
-/// the answer (`absence = "hide"`, the backend's `score_hidden`, see [`hiding_spans`]).
+/// the last message and the answer (`absence = "hide"`, the backend's `score_hidden`): the
+/// messages before the last are computed once for every coalition of every level.
 struct HidingModel<'a> {
     backend: &'a Backend,
     conversation: &'a ConversationSnapshot,
@@ -255,8 +256,9 @@ impl Model for HidingModel<'_> {
                     .ok_or_else(|| "a prompt that is no coalition of this level".to_string())
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        let last = self.conversation.messages().count().saturating_sub(1) as u32;
         self.backend
-            .score_hidden(self.conversation, reply, &self.spans, &hidden)
+            .score_hidden(self.conversation, reply, (&self.spans, &hidden), last)
             .map_err(|e| e.to_string())
     }
 }
@@ -488,12 +490,12 @@ impl Evaluator<'_> {
     /// absent players hidden.
     fn values(&mut self, job: &Job, absence: AbsenceKind) -> Result<Vec<Evaluation>> {
         let prompts = job.prompts();
-        let keys = value_keys(job, absence);
+        let keys: Vec<String> = prompts.iter().map(prompt_key).collect();
         let hiding = (absence == AbsenceKind::Hide).then(|| HidingModel {
             backend: self.model.backend,
             conversation: job.players().conversation(),
-            spans: hiding_spans(job.players()),
-            absent: prompts.iter().map(prompt_key).zip(job.absent()).collect(),
+            spans: job.players().spans(),
+            absent: keys.iter().cloned().zip(job.absent()).collect(),
         });
         let new: Vec<(&ConversationSnapshot, &String)> = prompts
             .iter()
@@ -560,7 +562,7 @@ impl Evaluator<'_> {
                             message: "fewer values came back than prompts were sent".into(),
                         })??;
                     if let Some(store) = self.store {
-                        store.put(self.run_key, key, prompt, &e)?;
+                        store.put(self.run_key, prompt, &e)?;
                     }
                     self.stats.evaluated += 1;
                     self.stats.prompt_tokens_computed +=
@@ -663,38 +665,6 @@ pub(crate) fn job(players: Players, plan: Plan, settings: &ExplanationConfig) ->
     )
 }
 
-/// The key of each prompt of `job`, for this run's memo and the run directory: the prompt's
-/// own, and under `absence = "hide"` also the span the rows computed per coalition follow.
-/// `reanalyze` finds values by the same keys.
-pub(crate) fn value_keys(job: &Job, absence: AbsenceKind) -> Vec<String> {
-    let keys = job.prompts().iter().map(prompt_key);
-    if absence != AbsenceKind::Hide {
-        return keys.collect();
-    }
-    let last = hiding_spans(job.players()).pop();
-    keys.map(|key| digest(format!("{key} hidden from after {last:?}").as_bytes()))
-        .collect()
-}
-
-/// What `score_hidden` gets for `players`: their spans, then an empty one at the end of the
-/// conversation's last message, so that every level of a hierarchical run computes the prompt
-/// once up to there and only the answer's rows (after the template's tail) per coalition.
-fn hiding_spans(players: &Players) -> Vec<TextSpan> {
-    let conversation = players.conversation();
-    let last = conversation.messages().count().saturating_sub(1);
-    let end = conversation
-        .messages()
-        .last()
-        .map_or(0, |m| m.text_content().len()) as u32;
-    let mut spans = players.spans();
-    spans.push(TextSpan {
-        message: last as u32,
-        start: end,
-        end,
-    });
-    spans
-}
-
 /// What the base answer depends on: the plugin, the model, its options and generation settings.
 /// The run directory keys answers by it; `reanalyze` rebuilds it without a backend.
 pub(crate) fn setup_key(
@@ -726,7 +696,7 @@ pub(crate) fn run_key(
         "answer_embedding": base.contextual_embedding,
     });
     // Hidden coalitions are keyed by their deleted rendering: the same prompts as `delete`,
-    // other values. (Only then: the keys of the stores of other absences stay as they were.)
+    // other values. (Only then: the keys of other absences' stores stay as they were.)
     if settings.absence == AbsenceKind::Hide {
         key["absence"] = serde_json::json!("hide");
     }

@@ -21,10 +21,10 @@ use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
 use crate::explain::{BaseAnswer, EstimatorKind, Plan, Players};
 use crate::explain_run::{
-    answer_key, explain_levels, positional, run_key, setup_key, value_keys, Levels, Outcome,
-    ReplySource, RunStats,
+    answer_key, explain_levels, positional, run_key, setup_key, Levels, Outcome, ReplySource,
+    RunStats,
 };
-use crate::run_store::RunStore;
+use crate::run_store::{prompt_key, RunStore};
 use crate::{plugins, Host};
 
 /// Explains `conversation` as `config.explanation` says, from the values in `run_dir` alone.
@@ -86,11 +86,11 @@ pub fn run(
     let stored = store.load(&run_key)?;
     let mut needed = 0;
     let levels = explain_levels(players, plan, &settings, |job| {
-        let keys = value_keys(job, settings.absence);
-        needed = keys.len();
-        let values: Vec<_> = keys
+        let prompts = job.prompts();
+        needed = prompts.len();
+        let values: Vec<_> = prompts
             .iter()
-            .filter_map(|key| stored.get(key).cloned())
+            .filter_map(|p| stored.get(&prompt_key(p)).cloned())
             .collect();
         let missing = needed - values.len();
         if missing > 0 {

@@ -213,12 +213,10 @@ impl RunStore {
             .map_err(|e| self.error(e))
     }
 
-    /// Stores one value durably before returning: `prompt`'s, under `key` (its
-    /// [`prompt_key`], or a key that also says how it was valued).
+    /// Stores one value durably before returning.
     pub fn put(
         &self,
         run_key: &str,
-        key: &str,
         prompt: &ConversationSnapshot,
         evaluation: &Evaluation,
     ) -> Result<()> {
@@ -233,7 +231,7 @@ impl RunStore {
                  token_values) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![
                     run_key,
-                    key,
+                    prompt_key(prompt),
                     evaluation.value,
                     evaluation.prompt_tokens as i64,
                     evaluation.cached_prompt_tokens as i64,
@@ -293,7 +291,7 @@ mod tests {
         };
         RunStore::open(dir.path())
             .unwrap()
-            .put("run-a", &prompt_key(&prompt), &prompt, &e)
+            .put("run-a", &prompt, &e)
             .unwrap();
         let store = RunStore::open(dir.path()).unwrap();
         assert_eq!(store.load("run-a").unwrap()[&prompt_key(&prompt)], e);
@@ -372,7 +370,7 @@ mod tests {
             cached_prompt_tokens: 0,
         };
         let store = RunStore::open(dir.path()).unwrap();
-        store.put("r", &prompt_key(&prompt), &prompt, &e).unwrap();
+        store.put("r", &prompt, &e).unwrap();
         let loaded = store.load("r").unwrap();
         assert_eq!(loaded[&prompt_key(&prompt)], e);
         let old = &loaded[&prompt_key(&old)];

@@ -100,8 +100,8 @@ fn a_minute_of_audio_gives_a_small_schedule_key_and_a_small_stored_row() {
         prompt_tokens: 1500,
         cached_prompt_tokens: 0,
     };
-    store.put("run", &prompt_key(&minute), &minute, &e).unwrap();
-    store.put("run", &prompt_key(&other), &other, &e).unwrap();
+    store.put("run", &minute, &e).unwrap();
+    store.put("run", &other, &e).unwrap();
     let loaded = store.load("run").unwrap();
     assert_eq!(loaded.len(), 2, "two audios, two rows");
     assert_eq!(loaded[&prompt_key(&minute)], e);

@@ -136,20 +136,22 @@ pub trait GenerationBackend: Send + Sync {
     }
 
     /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` it
-    /// lists (indexes into `spans`) hidden: the tokens after the last span attend to no token
-    /// that overlaps a hidden span, and every token keeps its position. The tokens up to the
-    /// end of the last span are computed once, seeing everything, so each entry costs only
-    /// the rows after it (explain's `hide` absence: an approximation of deleting the text,
-    /// since the text after a hidden span still saw it). Fails whole, naming the entry. The
-    /// default (and what a plugin built before this method gets) refuses.
+    /// lists (indexes into `spans`) hidden: the tokens of messages `from_message..` and of
+    /// the reply attend to no token that overlaps a hidden span, and every token keeps its
+    /// position. The tokens before message `from_message` are computed once, seeing
+    /// everything, so each entry costs only the rows from there on (explain's `hide`
+    /// absence: an approximation of deleting the text, since the messages before still saw
+    /// it). Fails whole, naming the entry. The default (and what a plugin built before this
+    /// method gets) refuses.
     fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: RStr<'_>,
         spans: RSlice<'_, TextSpan>,
         hidden: RSlice<'_, RVec<u32>>,
+        from_message: u32,
     ) -> RResult<RVec<ScoreRecord>, PluginError> {
-        let _ = (snapshot, reply, spans, hidden);
+        let _ = (snapshot, reply, spans, hidden, from_message);
         RResult::RErr(PluginError::unsupported(
             "this backend cannot hide text from a reply's attention (score_hidden)",
         ))

@@ -129,6 +129,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         _reply: &str,
         _spans: &[TextSpan],
         _hidden: &[Vec<u32>],
+        _from_message: u32,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         Err(PluginError::unsupported(format!(
             "backend `{}` cannot hide text from a reply's attention (score_hidden)",
@@ -292,11 +293,13 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
         reply: RStr<'_>,
         spans: RSlice<'_, TextSpan>,
         hidden: RSlice<'_, RVec<u32>>,
+        from_message: u32,
     ) -> RResult<RVec<ScoreRecord>, PluginError> {
         guard(B::NAME, || {
             let hidden: Vec<Vec<u32>> = hidden.iter().map(|h| h.to_vec()).collect();
+            let spans = spans.as_slice();
             self.0
-                .score_hidden(snapshot, reply.as_str(), spans.as_slice(), &hidden)
+                .score_hidden(snapshot, reply.as_str(), spans, &hidden, from_message)
                 .map(RVec::from)
         })
     }

@@ -63,7 +63,7 @@ pub struct HiddenScoring {
     pub reply: Vec<u32>,
     /// Positions `from..` (at most the prompt's last) are computed for each entry.
     pub from: usize,
-    /// Per entry, the positions before `from` its rows do not attend to.
+    /// Per entry, the positions the rows from `from` on do not attend to.
     pub hidden: Vec<Vec<Range<usize>>>,
 }
 
@@ -243,15 +243,15 @@ impl TextFrontEnd {
     }
 
     /// A prompt scored with spans of its text hidden (the plugin API's `score_hidden`): its
-    /// ids, the reply's, the first position computed again for each entry (the token after
-    /// the last span), and per entry of `hidden` the positions before it whose tokens overlap
-    /// a hidden span, as ranges.
+    /// ids, the reply's, the first position computed again for each entry (the first token
+    /// of message `from_message`'s text), and per entry of `hidden` the positions whose tokens
+    /// overlap a hidden span, as ranges.
     pub fn hidden_scoring(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        spans: &[TextSpan],
-        hidden: &[Vec<u32>],
+        (spans, hidden): (&[TextSpan], &[Vec<u32>]),
+        from_message: u32,
     ) -> Result<HiddenScoring, PluginError> {
         let prompt = self.format.render(snapshot, &self.model_id)?;
         let starts = message_starts(snapshot, &prompt.text)?;
@@ -276,10 +276,13 @@ impl TextFrontEnd {
                 at + s.start as usize..at + s.end as usize
             })
             .collect();
-        let last_end = in_prompt.iter().map(|r| r.end).max().unwrap_or(0);
+        let boundary = starts
+            .get(from_message as usize)
+            .copied()
+            .unwrap_or(prompt.text.len());
         let from = offsets
             .iter()
-            .position(|t| t.end > last_end)
+            .position(|t| t.end > boundary)
             .unwrap_or(ids.len())
             .min(ids.len() - 1);
         let hidden = hidden
@@ -287,7 +290,7 @@ impl TextFrontEnd {
             .map(|entry| {
                 let spans: Vec<&Range<usize>> =
                     entry.iter().map(|&i| &in_prompt[i as usize]).collect();
-                let covered = offsets[..from]
+                let covered = offsets
                     .iter()
                     .map(|t| spans.iter().any(|s| t.start < s.end && s.start < t.end));
                 runs(covered)

@@ -118,9 +118,9 @@ pub enum Absence {
     Delete,
     /// Their text is replaced by `placeholder`.
     Pad { placeholder: String },
-    /// Their text stays, hidden from the attention of what follows the last player (a
-    /// backend's `score_hidden`): the prompt up to there is computed once for every coalition.
-    /// A coalition's prompt (its key and order) is its `Delete` rendering.
+    /// Their text stays, hidden from the attention of the last message and the answer (a
+    /// backend's `score_hidden`): the messages before the last are computed once for every
+    /// coalition. A coalition's prompt (its key and order) is its `Delete` rendering.
     Hide,
 }
 

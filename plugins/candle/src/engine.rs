@@ -518,17 +518,20 @@ impl Engine {
     }
 
     /// Teacher-forced log-probabilities of `reply` after `snapshot`, once per entry of
-    /// `hidden`, with the spans it lists hidden from the rows after the last span (the plugin
-    /// API's `score_hidden`). The prompt up to there runs once (or comes from the cache), so
-    /// each entry computes only its last rows; with the cache off each computes all of them.
+    /// `hidden`, with the spans it lists hidden from messages `from_message..` and the reply
+    /// (the plugin API's `score_hidden`). The prompt before that message runs once (or comes
+    /// from the cache), so each entry computes only the rows from there on; with the cache off
+    /// each computes all of them.
     pub fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        (spans, hidden): (&[TextSpan], &[Vec<u32>]),
+        (spans, hidden, from_message): (&[TextSpan], &[Vec<u32>], u32),
         mut store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let plan = self.front.hidden_scoring(snapshot, reply, spans, hidden)?;
+        let plan = self
+            .front
+            .hidden_scoring(snapshot, reply, (spans, hidden), from_message)?;
         let items: Vec<Item> = plan
             .hidden
             .into_iter()

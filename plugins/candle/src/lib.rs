@@ -204,9 +204,11 @@ impl Backend for Candle {
         reply: &str,
         spans: &[TextSpan],
         hidden: &[Vec<u32>],
+        from_message: u32,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         let text = self.text("score_hidden")?;
-        let records = text.score_hidden(snapshot, reply, (spans, hidden), &self.pool)?;
+        let hiding = (spans, hidden, from_message);
+        let records = text.score_hidden(snapshot, reply, hiding, &self.pool)?;
         for record in &records {
             self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
         }

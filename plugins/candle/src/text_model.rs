@@ -158,7 +158,7 @@ impl TextModel {
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        hiding: (&[TextSpan], &[Vec<u32>]),
+        hiding: (&[TextSpan], &[Vec<u32>], u32),
         pool: &rayon::ThreadPool,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         self.refuse_audio(snapshot)?;
