@@ -269,13 +269,18 @@ impl TextFrontEnd {
                 self.max_context
             )));
         }
-        let in_prompt: Vec<Range<usize>> = spans
+        let in_prompt = spans
             .iter()
             .map(|s| {
-                let at = starts[s.message as usize];
-                at + s.start as usize..at + s.end as usize
+                let at = starts.get(s.message as usize).ok_or_else(|| {
+                    PluginError::invalid_input(format!(
+                        "a span is in message {}, past the last",
+                        s.message
+                    ))
+                })?;
+                Ok(at + s.start as usize..at + s.end as usize)
             })
-            .collect();
+            .collect::<Result<Vec<Range<usize>>, PluginError>>()?;
         let boundary = starts
             .get(from_message as usize)
             .copied()
@@ -288,14 +293,20 @@ impl TextFrontEnd {
         let hidden = hidden
             .iter()
             .map(|entry| {
-                let spans: Vec<&Range<usize>> =
-                    entry.iter().map(|&i| &in_prompt[i as usize]).collect();
+                let spans = entry
+                    .iter()
+                    .map(|&i| {
+                        in_prompt.get(i as usize).ok_or_else(|| {
+                            PluginError::invalid_input(format!("hidden span {i} is not given"))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, PluginError>>()?;
                 let covered = offsets
                     .iter()
                     .map(|t| spans.iter().any(|s| t.start < s.end && s.start < t.end));
-                runs(covered)
+                Ok(runs(covered))
             })
-            .collect();
+            .collect::<Result<Vec<_>, PluginError>>()?;
         Ok(HiddenScoring {
             prompt: ids,
             reply,
