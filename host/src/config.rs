@@ -83,7 +83,7 @@ pub struct ExplanationConfig {
     pub roles: Vec<Role>,
     /// Only these turns hold players (0 first, -1 last); empty means all.
     pub turns: Vec<i64>,
-    /// `"delete"` or `"pad"`.
+    /// `"delete"`, `"pad"` or `"hide"`.
     pub absence: AbsenceKind,
     /// What replaces an absent player with `absence = "pad"`.
     pub placeholder: String,

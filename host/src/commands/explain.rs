@@ -51,7 +51,8 @@ pub struct Args {
     )]
     turns: Option<Vec<i64>>,
 
-    /// Absent players: delete, pad, or hide (from the answer's attention; answer_logprob only).
+    /// Absent players: delete, pad, or hide (from the last message and the answer; answer_logprob
+    /// only).
     #[arg(long, value_name = "HOW")]
     absence: Option<AbsenceKind>,
 
