@@ -500,12 +500,21 @@ impl Engine {
             .into_iter()
             .map(|s| Item::scoring(s.prompt, s.reply))
             .collect();
+        self.scored(&items, store)
+    }
+
+    /// Runs scoring `items` and reads each one's logprobs of its reply.
+    fn scored(
+        &self,
+        items: &[Item],
+        store: Option<&mut dyn PrefixStore<KvState>>,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
         if items.iter().all(|item| item.scored.is_empty()) {
             // Nothing to score: no pass, no cache traffic.
             return Ok(items.iter().map(|item| record(item, &[], 0)).collect());
         }
         let mut records = Vec::with_capacity(items.len());
-        self.run(&items, store, |item, ran| {
+        self.run(items, store, |item, ran| {
             let logprobs: Vec<f32> = rows(&ran.logits)?
                 .iter()
                 .zip(&item.scored)
@@ -543,10 +552,8 @@ impl Engine {
                 ..Item::scoring(plan.prompt.clone(), plan.reply.clone())
             })
             .collect();
-        if plan.reply.is_empty() {
-            return Ok(items.iter().map(|item| record(item, &[], 0)).collect());
-        }
-        if let (Some(store), true) = (store.as_deref_mut(), plan.from > 0) {
+        let prefix = plan.from > 0 && !plan.reply.is_empty();
+        if let (Some(store), true) = (store.as_deref_mut(), prefix) {
             let shared = Item {
                 tokens: plan.prompt[..=plan.from].to_vec(),
                 prompt_len: plan.from + 1,
@@ -555,17 +562,7 @@ impl Engine {
             };
             self.run(std::slice::from_ref(&shared), Some(store), |_, _| Ok(()))?;
         }
-        let mut records = Vec::with_capacity(items.len());
-        self.run(&items, store, |item, ran| {
-            let logprobs: Vec<f32> = rows(&ran.logits)?
-                .iter()
-                .zip(&item.scored)
-                .map(|(row, &id)| logprob_of(row, id))
-                .collect();
-            records.push(record(item, &logprobs, ran.reused));
-            Ok(())
-        })?;
-        Ok(records)
+        self.scored(&items, store)
     }
 
     /// [`Engine::score_batch`] of one prompt.

@@ -192,10 +192,7 @@ impl Backend for Candle {
                 })
             }),
         }?;
-        for record in &records {
-            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
-        }
-        Ok(records)
+        Ok(self.scores_counted(records))
     }
 
     fn score_hidden(
@@ -209,10 +206,7 @@ impl Backend for Candle {
         let text = self.text("score_hidden")?;
         let hiding = (spans, hidden, from_message);
         let records = text.score_hidden(snapshot, reply, hiding, &self.pool)?;
-        for record in &records {
-            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
-        }
-        Ok(records)
+        Ok(self.scores_counted(records))
     }
 
     fn tokenize(
@@ -279,6 +273,14 @@ impl Candle {
                 self.model_id
             ))),
         }
+    }
+
+    /// `records` after counting their prompt tokens.
+    fn scores_counted(&self, records: Vec<ScoreRecord>) -> Vec<ScoreRecord> {
+        for record in &records {
+            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
+        }
+        records
     }
 
     fn count(&self, prompt: u32, cached: u32, generated: usize) {
