@@ -1,10 +1,16 @@
 //! The AVX2 dot products (llama.cpp's `ggml_vec_dot_q4_0_q8_0` and kin): 32 weights against
 //! 32 activations per `_mm256_maddubs_epi16`, unsigned nibbles times signed bytes, summed in
 //! eight i32 lanes and scaled into an f32 accumulator.
+//!
+//! Tiles of several activation rows (packed decode passes) take two weight rows per register,
+//! one per 128-bit lane, as the AVX-512 kernels take four: each weight block is loaded and
+//! unpacked once for all the activation rows, and each activation half-block broadcast once
+//! for both weight rows.
 
 use std::arch::x86_64::*;
 
-use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0};
+use super::kquants::BlockQ5_0;
+use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, Tile, ROWS};
 
 /// Proof that this CPU has AVX2, FMA and F16C: only [`Avx2::detect`] makes one.
 #[derive(Clone, Copy)]
@@ -31,6 +37,74 @@ impl Avx2 {
     pub(super) fn dot_q8_0(self, w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
         // SAFETY: as above.
         unsafe { dot_q8_0(w, x) }
+    }
+
+    /// Q4_0, Q4_1 and Q5_0: up to four weight rows of `wb` blocks (consecutive in `w`) against
+    /// each of `xs`, into `out[j][r]`.
+    pub(super) fn tile_nibbles<W: Nibbles>(
+        self,
+        w: &[W],
+        wb: usize,
+        xs: &[&[BlockQ8]],
+        out: &mut Tile,
+    ) {
+        for (j, pair) in w.chunks(2 * wb).enumerate() {
+            // SAFETY: as above.
+            let sums = unsafe { tile_nibbles(pair, wb, xs) };
+            store_pair(&sums, xs.len(), j, out);
+        }
+    }
+
+    /// Q8_0, as [`Avx2::tile_nibbles`].
+    pub(super) fn tile_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+        for (j, pair) in w.chunks(2 * wb).enumerate() {
+            // SAFETY: as above.
+            let sums = unsafe { tile_q8_0(pair, wb, xs) };
+            store_pair(&sums, xs.len(), j, out);
+        }
+    }
+}
+
+/// The 32-value types with 4-bit nibbles, which the tile kernels (here and in `avx512.rs`)
+/// handle alike.
+pub(super) trait Nibbles {
+    const KIND: Kind;
+    /// The nibbles, the scale and minimum as f16 bytes, and the fifth bits.
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32);
+}
+
+#[derive(PartialEq, Eq)]
+pub(super) enum Kind {
+    /// `w = d · (q - 8)`.
+    Q4_0,
+    /// `w = d · q + m`.
+    Q4_1,
+    /// `w = d · (q + 16·h - 16)`, `h` bit `i` of `qh` for value `i`.
+    Q5_0,
+}
+
+impl Nibbles for BlockQ4_0 {
+    const KIND: Kind = Kind::Q4_0;
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
+        (&self.qs, [self.d[0], self.d[1], 0, 0], 0)
+    }
+}
+
+impl Nibbles for BlockQ4_1 {
+    const KIND: Kind = Kind::Q4_1;
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
+        (&self.qs, [self.d[0], self.d[1], self.m[0], self.m[1]], 0)
+    }
+}
+
+impl Nibbles for BlockQ5_0 {
+    const KIND: Kind = Kind::Q5_0;
+    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
+        (
+            &self.qs,
+            [self.d[0], self.d[1], 0, 0],
+            u32::from_le_bytes(self.qh),
+        )
     }
 }
 
@@ -70,6 +144,24 @@ pub(super) fn hsum(v: __m256) -> f32 {
 pub(super) fn f16_pair(bytes: [u8; 4]) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(bytes)));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// Q5_0's fifth bits: 0x10 in byte j where bit j of `qh` is set, else 0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn fifth_bits(qh: [u8; 4]) -> __m256i {
+    // Byte j gets byte j / 8 of `qh`, then keeps bit j % 8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(i32::from_le_bytes(qh)),
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -117,4 +209,136 @@ fn dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d), p, acc);
     }
     hsum(acc)
+}
+
+/// Two rows' 16-byte pieces as the two 128-bit lanes, `a` low.
+///
+/// # Safety
+/// Each pointer must have 16 readable bytes behind it (the loads are unaligned).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes(a: *const u8, b: *const u8) -> __m256i {
+    // SAFETY: the caller's promise.
+    unsafe { _mm256_loadu2_m128i(b.cast(), a.cast()) }
+}
+
+/// 16 bytes of an activation block from `at`, in both lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn broadcast(x: &BlockQ8, at: usize) -> __m256i {
+    let half = &x.qs[at..at + 16];
+    // SAFETY: `half` is 16 readable bytes; the load is unaligned.
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(half.as_ptr().cast()) })
+}
+
+/// Two rows' f16 `(d, m)` as `(d, m)` vectors, each spread over its row's lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_scales(a: [u8; 4], b: [u8; 4]) -> (__m256, __m256) {
+    let both = _mm_cvtph_ps(_mm_set_epi32(
+        0,
+        0,
+        i32::from_le_bytes(b),
+        i32::from_le_bytes(a),
+    ));
+    let both = _mm256_castps128_ps256(both);
+    (
+        _mm256_permutevar8x32_ps(both, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)),
+        _mm256_permutevar8x32_ps(both, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3)),
+    )
+}
+
+/// Each accumulator's two lanes summed: `out[2j][r]` from the low lane of `acc[r]`,
+/// `out[2j + 1][r]` from the high one (when the tile has that row).
+fn store_pair(acc: &[[f32; 8]; ROWS], rows: usize, j: usize, out: &mut Tile) {
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        let (lo, hi) = acc.split_at(4);
+        out[2 * j][r] = lo.iter().sum();
+        if let Some(out) = out.get_mut(2 * j + 1) {
+            out[r] = hi.iter().sum();
+        }
+    }
+}
+
+/// One or two weight rows of `wb` blocks against each of `xs`: lane sums per activation row,
+/// the first weight row's in f32 lanes 0..4, the second's in 4..8. A lone row fills both.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8]; ROWS] {
+    let (a, b) = (&w[..wb], &w[w.len() - wb..]);
+    let mask = _mm256_set1_epi8(0xF);
+    let ones = _mm256_set1_epi16(1);
+    // The per-block terms spread over a lane's four f32, hence the quarters.
+    let offset = match W::KIND {
+        Kind::Q4_0 => -8.0 / 4.0,
+        _ => -16.0 / 4.0,
+    };
+    let mut acc = [_mm256_setzero_ps(); ROWS];
+    for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        let (a, b) = (a.parts(), b.parts());
+        // SAFETY: each block's nibbles are 16 bytes.
+        let q = unsafe { lanes(a.0.as_ptr(), b.0.as_ptr()) };
+        let (mut lo, mut hi) = (
+            _mm256_and_si256(q, mask),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
+        );
+        if W::KIND == Kind::Q5_0 {
+            // Bits 0..16 of each row's `qh` go with its low nibbles, 16..32 with the high.
+            let bits_lo = (a.2 & 0xFFFF) | b.2 << 16;
+            let bits_hi = a.2 >> 16 | (b.2 & 0xFFFF_0000);
+            lo = _mm256_or_si256(lo, fifth_bits(bits_lo.to_le_bytes()));
+            hi = _mm256_or_si256(hi, fifth_bits(bits_hi.to_le_bytes()));
+        }
+        let (d, m) = pair_scales(a.1, b.1);
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let x = &x[i];
+            // Pair sums at most 2 · 31 · 127 each, two of them fit an i16.
+            let pairs = _mm256_add_epi16(
+                _mm256_maddubs_epi16(lo, broadcast(x, 0)),
+                _mm256_maddubs_epi16(hi, broadcast(x, 16)),
+            );
+            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            let dx = _mm256_mul_ps(d, _mm256_broadcast_ss(&x.d));
+            *acc = _mm256_fmadd_ps(dx, sums, *acc);
+            *acc = match W::KIND {
+                Kind::Q4_1 => _mm256_fmadd_ps(m, _mm256_set1_ps(0.25 * x.s), *acc),
+                _ => _mm256_fmadd_ps(dx, _mm256_set1_ps(offset * x.sum), *acc),
+            };
+        }
+    }
+    acc.map(|acc| {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` is 8 writable f32; the store is unaligned.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+        lanes
+    })
+}
+
+/// As [`tile_nibbles`] for Q8_0: signed × signed through `maddubs` as in [`dot_q8_0`], the
+/// weights' absolute values taken once per block for every activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_q8_0(w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8]; ROWS] {
+    let (a, b) = (&w[..wb], &w[w.len() - wb..]);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); ROWS];
+    for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        // SAFETY: each block's values are 32 bytes, read as two halves of 16.
+        let (lo, hi) = unsafe {
+            let (pa, pb) = (a.qs.as_ptr().cast::<u8>(), b.qs.as_ptr().cast::<u8>());
+            (lanes(pa, pb), lanes(pa.add(16), pb.add(16)))
+        };
+        let (alo, ahi) = (_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(hi, hi));
+        let (d, _) = pair_scales([a.d[0], a.d[1], 0, 0], [b.d[0], b.d[1], 0, 0]);
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let x = &x[i];
+            // Pair sums up to 2 · 128 · 127 each: widened to i32 before they are added.
+            let plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(broadcast(x, 0), lo));
+            let phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(broadcast(x, 16), hi));
+            let sums = _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones));
+            let dx = _mm256_mul_ps(d, _mm256_broadcast_ss(&x.d));
+            *acc = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(sums), *acc);
+        }
+    }
+    acc.map(|acc| {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` is 8 writable f32; the store is unaligned.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+        lanes
+    })
 }

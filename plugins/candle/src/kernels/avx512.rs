@@ -6,9 +6,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::Avx2;
-use super::kquants::BlockQ5_0;
-use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, Tile, ROWS, WROWS};
+use super::avx2::{Avx2, Kind, Nibbles};
+use super::{BlockQ8, BlockQ8_0, Tile, ROWS, WROWS};
 
 /// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C: only
 /// [`Avx512::detect`] makes one.
@@ -108,48 +107,6 @@ fn store(acc: &[__m512; ROWS], rows: usize, out: &mut Tile) {
             let s = _mm_add_ps(lane, _mm_movehl_ps(lane, lane));
             out[r] = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
         }
-    }
-}
-
-/// The 32-value types with 4-bit nibbles, which [`dot_nibbles`] handles alike.
-pub(super) trait Nibbles {
-    const KIND: Kind;
-    /// The nibbles, the scale and minimum as f16 bytes, and the fifth bits.
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32);
-}
-
-#[derive(PartialEq, Eq)]
-pub(super) enum Kind {
-    /// `w = d · (q - 8)`.
-    Q4_0,
-    /// `w = d · q + m`.
-    Q4_1,
-    /// `w = d · (q + 16·h - 16)`, `h` bit `i` of `qh` for value `i`.
-    Q5_0,
-}
-
-impl Nibbles for BlockQ4_0 {
-    const KIND: Kind = Kind::Q4_0;
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
-        (&self.qs, [self.d[0], self.d[1], 0, 0], 0)
-    }
-}
-
-impl Nibbles for BlockQ4_1 {
-    const KIND: Kind = Kind::Q4_1;
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
-        (&self.qs, [self.d[0], self.d[1], self.m[0], self.m[1]], 0)
-    }
-}
-
-impl Nibbles for BlockQ5_0 {
-    const KIND: Kind = Kind::Q5_0;
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
-        (
-            &self.qs,
-            [self.d[0], self.d[1], 0, 0],
-            u32::from_le_bytes(self.qh),
-        )
     }
 }
 

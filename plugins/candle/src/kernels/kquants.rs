@@ -86,6 +86,10 @@ impl Block for BlockQ5_0 {
         cpu.dot_q5_0(w, x)
     }
     #[cfg(target_arch = "x86_64")]
+    fn tile_avx2(cpu: Avx2, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+        cpu.tile_nibbles(w, wb, xs, out)
+    }
+    #[cfg(target_arch = "x86_64")]
     fn dot_avx512(cpu: Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         cpu.dot_nibbles(w, wb, xs, out)
     }

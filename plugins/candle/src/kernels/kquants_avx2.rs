@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{activations, dot_u8_i8, f16_pair, hsum, nibbles, Avx2};
+use super::avx2::{activations, dot_u8_i8, f16_pair, fifth_bits, hsum, nibbles, Avx2};
 use super::kquants::{scales_mins, BlockQ4K, BlockQ5_0, BlockQ6K, SUBS};
 use super::BlockQ8;
 
@@ -32,24 +32,6 @@ fn load(bytes: &[u8]) -> __m256i {
     let bytes = &bytes[..32];
     // SAFETY: `bytes` is 32 readable bytes; the load is unaligned.
     unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
-}
-
-/// Q5_0's fifth bits: 0x10 in byte j where bit j of `qh` is set, else 0.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn fifth_bits(qh: [u8; 4]) -> __m256i {
-    // Byte j gets byte j / 8 of `qh`, then keeps bit j % 8.
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(i32::from_le_bytes(qh)),
-        _mm256_set_epi64x(
-            0x0303_0303_0303_0303,
-            0x0202_0202_0202_0202,
-            0x0101_0101_0101_0101,
-            0,
-        ),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
 /// As Q4_0 with an offset of 16 and a fifth bit; two blocks per step, each with its own

@@ -165,11 +165,15 @@ trait Block: Sized + Sync {
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32;
     /// Up to [`WROWS`] weight rows of `wb` blocks (consecutive in `w`) against each of `xs`
-    /// (at most [`ROWS`]), into `out[j][r]`; AVX2 pair by pair where a type has no AVX-512
-    /// kernel.
+    /// (at most [`ROWS`]), into `out[j][r]`; pair by pair where a type has no tile kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn tile_avx2(cpu: avx2::Avx2, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+        pairwise(|w, x| Self::dot_avx2(cpu, w, x))(w, wb, xs, out)
+    }
+    /// As [`Block::tile_avx2`]; the AVX2 tile where a type has no AVX-512 kernel.
     #[cfg(target_arch = "x86_64")]
     fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
-        pairwise(|w, x| Self::dot_avx2(cpu.avx2(), w, x))(w, wb, xs, out)
+        Self::tile_avx2(cpu.avx2(), w, wb, xs, out)
     }
 }
 
@@ -181,6 +185,10 @@ impl Block for BlockQ4_0 {
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32 {
         cpu.dot_q4_0(w, x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn tile_avx2(cpu: avx2::Avx2, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+        cpu.tile_nibbles(w, wb, xs, out)
     }
     #[cfg(target_arch = "x86_64")]
     fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
@@ -198,6 +206,10 @@ impl Block for BlockQ4_1 {
         cpu.dot_q4_1(w, x)
     }
     #[cfg(target_arch = "x86_64")]
+    fn tile_avx2(cpu: avx2::Avx2, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+        cpu.tile_nibbles(w, wb, xs, out)
+    }
+    #[cfg(target_arch = "x86_64")]
     fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         cpu.dot_nibbles(w, wb, xs, out)
     }
@@ -211,6 +223,10 @@ impl Block for BlockQ8_0 {
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32 {
         cpu.dot_q8_0(w, x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn tile_avx2(cpu: avx2::Avx2, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+        cpu.tile_q8_0(w, wb, xs, out)
     }
     #[cfg(target_arch = "x86_64")]
     fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
@@ -254,7 +270,9 @@ fn run<W: Block>(
         Path::Scalar => split(w, &x, blocks, dst, pairwise(W::dot_scalar)),
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => match avx2::Avx2::detect() {
-            Some(cpu) => split(w, &x, blocks, dst, pairwise(|w, x| W::dot_avx2(cpu, w, x))),
+            Some(cpu) => split(w, &x, blocks, dst, |w, wb, xs, out| {
+                W::tile_avx2(cpu, w, wb, xs, out)
+            }),
             None => bail!("quantized matmul: this CPU has no AVX2, FMA and F16C"),
         },
         #[cfg(target_arch = "x86_64")]
