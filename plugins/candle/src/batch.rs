@@ -15,6 +15,10 @@
 //! after its first step was queued, whichever comes first. And a pass does not start while a
 //! new generation's prompt runs ([`Batcher::prompt`], up to [`YIELD`]), which keeps time to
 //! first token near one request's.
+//!
+//! Prompts that arrive together are run together too ([`Prompts`]): a short prompt's pass
+//! reads every prefill weight for a few rows, so eight prompts in one packed pass cost little
+//! more than one, where one after another they would stall decoding eight times as long.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -22,8 +26,10 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
-use lmhost_plugin_api::{lock_or_reset, PluginError};
+use lmhost_plugin_api::{lock_or_reset, ConversationSnapshot, PluginError};
 
+use crate::engine::Started;
+use crate::kernels::ROWS;
 use crate::kv::KvState;
 use crate::models::{CausalLm, Seq};
 use crate::weights;
@@ -214,6 +220,115 @@ impl Batcher {
     }
 }
 
+struct Queued<T> {
+    prompts: Vec<(u64, ConversationSnapshot)>,
+    done: HashMap<u64, Result<T, PluginError>>,
+    running: bool,
+    next_id: u64,
+}
+
+/// The prompts of concurrent generations: whoever finds no prompt pass running takes up to
+/// [`ROWS`] queued prompts (its own among the first) and runs them as one packed pass; the
+/// others wait for their states. No waiting to gather them: prompts queued while a pass runs
+/// make up the next one. `T` is what a prompt leaves ([`Started`] for the engine's).
+pub struct Prompts<T = Started> {
+    queued: Mutex<Queued<T>>,
+    changed: Condvar,
+}
+
+impl<T> Default for Prompts<T> {
+    fn default() -> Self {
+        Prompts {
+            queued: Mutex::new(Queued {
+                prompts: Vec::new(),
+                done: HashMap::new(),
+                running: false,
+                next_id: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+impl<T> Prompts<T> {
+    /// Runs `snapshot`'s prompt, packed by `run` with whatever prompts are queued with it.
+    /// `run` answers each of a group in order; when it fails a whole group, each prompt runs
+    /// alone, so that one bad prompt's error reaches only its own request.
+    pub fn start(
+        &self,
+        snapshot: &ConversationSnapshot,
+        run: impl Fn(&[ConversationSnapshot]) -> Result<Vec<T>, PluginError>,
+    ) -> Result<T, PluginError> {
+        let mut queued = self.lock();
+        let id = queued.next_id;
+        queued.next_id += 1;
+        queued.prompts.push((id, snapshot.clone()));
+        loop {
+            if let Some(result) = queued.done.remove(&id) {
+                return result;
+            }
+            if queued.running {
+                queued = self
+                    .changed
+                    .wait(queued)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            queued.running = true;
+            let take = queued.prompts.len().min(ROWS);
+            let (ids, group): (Vec<u64>, Vec<ConversationSnapshot>) =
+                queued.prompts.drain(..take).unzip();
+            drop(queued);
+            let results = catch_unwind(AssertUnwindSafe(|| answer_each(&group, &run)))
+                .unwrap_or_else(|_| {
+                    let failed = || Err(PluginError::internal("a prompt pass panicked"));
+                    group.iter().map(|_| failed()).collect()
+                });
+            queued = self.lock();
+            queued.done.extend(ids.into_iter().zip(results));
+            queued.running = false;
+            self.changed.notify_all();
+        }
+    }
+
+    /// The queue; should a panic ever poison it, the prompts queued fail rather than wait
+    /// forever.
+    fn lock(&self) -> MutexGuard<'_, Queued<T>> {
+        lock_or_reset(&self.queued, |queued| {
+            queued.running = false;
+            for (id, _) in queued.prompts.drain(..) {
+                queued
+                    .done
+                    .insert(id, Err(PluginError::internal("a prompt pass panicked")));
+            }
+        })
+    }
+}
+
+/// `run` over `group`, one result per prompt: the group's, or each prompt's alone when the
+/// group fails.
+fn answer_each<T>(
+    group: &[ConversationSnapshot],
+    run: &impl Fn(&[ConversationSnapshot]) -> Result<Vec<T>, PluginError>,
+) -> Vec<Result<T, PluginError>> {
+    match run(group) {
+        Ok(started) if started.len() == group.len() => started.into_iter().map(Ok).collect(),
+        Ok(_) => group
+            .iter()
+            .map(|_| Err(PluginError::internal("a prompt pass lost a prompt")))
+            .collect(),
+        Err(e) if group.len() == 1 => vec![Err(e)],
+        Err(_) => group
+            .iter()
+            .map(|one| {
+                run(std::slice::from_ref(one))?
+                    .pop()
+                    .ok_or_else(|| PluginError::internal("no prompt state"))
+            })
+            .collect(),
+    }
+}
+
 /// One packed pass over `batch`, in the decode phase (the stored blocks through our kernels).
 fn run(model: &dyn CausalLm, mut batch: Vec<Step>) -> Vec<(u64, Stepped)> {
     let out = decode_pass(model, batch.iter_mut().map(|s| (&mut s.kv, s.token)));
@@ -259,4 +374,75 @@ pub fn decode_pass<'a>(
         })
         .collect();
     weights::decoding(|| model.forward_packed(&mut seqs, false)).map(|(logits, _)| logits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A prompt's text, as the fake prompt pass answers it.
+    fn text(s: &ConversationSnapshot) -> String {
+        s.turns
+            .iter()
+            .flat_map(|t| t.messages.iter())
+            .map(|m| m.text_content())
+            .collect()
+    }
+
+    impl<T> Prompts<T> {
+        fn waiting(&self) -> usize {
+            self.lock().prompts.len()
+        }
+    }
+
+    /// Prompts queued while a pass runs make up the next pass, one call, each prompt answered
+    /// with its own result; a group that fails is retried one prompt at a time, so only the
+    /// bad prompt's request sees the error.
+    #[test]
+    fn prompts_queued_during_a_pass_run_together_and_errors_stay_their_own() {
+        let prompts = Prompts::<String>::default();
+        let groups = Mutex::new(Vec::new());
+        let (release, gate) = mpsc::channel::<()>();
+        let gate = Mutex::new(gate);
+        let run = |group: &[ConversationSnapshot]| {
+            groups.lock().unwrap().push(group.len());
+            if group.len() == 1 && text(&group[0]) == "first" {
+                gate.lock().unwrap().recv().unwrap();
+            }
+            let texts: Vec<String> = group.iter().map(text).collect();
+            match texts.iter().find(|t| t.contains("bad")) {
+                Some(bad) => Err(PluginError::invalid_input(format!("refused `{bad}`"))),
+                None => Ok(texts),
+            }
+        };
+        let results: Vec<Result<String, PluginError>> = std::thread::scope(|s| {
+            let first = s.spawn(|| prompts.start(&ConversationSnapshot::from_prompt("first"), run));
+            while groups.lock().unwrap().is_empty() {
+                std::thread::yield_now();
+            }
+            let others: Vec<_> = ["a", "bad b", "c"]
+                .into_iter()
+                .map(|t| {
+                    let (prompts, run) = (&prompts, &run);
+                    s.spawn(move || prompts.start(&ConversationSnapshot::from_prompt(t), run))
+                })
+                .collect();
+            while prompts.waiting() < 3 {
+                std::thread::yield_now();
+            }
+            release.send(()).unwrap();
+            std::iter::once(first)
+                .chain(others)
+                .map(|t| t.join().unwrap())
+                .collect()
+        });
+        // The first pass alone; the three queued behind it in one pass, which failed, then each.
+        assert_eq!(*groups.lock().unwrap(), [1, 3, 1, 1, 1]);
+        let texts: Vec<String> = results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| e.message.to_string()))
+            .collect();
+        assert_eq!(texts, ["first", "a", "refused `bad b`", "c"]);
+    }
 }

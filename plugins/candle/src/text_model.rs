@@ -15,7 +15,7 @@ use lmhost_plugin_api::{
     TokenizeRecord,
 };
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, Prompts};
 use crate::engine::{Engine, Started};
 use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
@@ -37,6 +37,7 @@ pub struct TextModel {
     /// The half-precision caching warning was given.
     warned_half: AtomicBool,
     batcher: Batcher,
+    prompts: Prompts,
 }
 
 impl TextModel {
@@ -49,11 +50,13 @@ impl TextModel {
             cache: SharedCache::default(),
             warned_half: AtomicBool::new(false),
             batcher: Batcher::default(),
+            prompts: Prompts::default(),
         }
     }
 
-    /// The prompt runs with the prefix cache (held only for it) and decode passes paused;
-    /// decode steps are batched with the other generations running now.
+    /// The prompt runs with the prefix cache (held only for it) and decode passes paused,
+    /// packed with the prompts of generations that arrive with it; decode steps are batched
+    /// with the other generations running now.
     ///
     /// Every method here takes its locks before handing compute to `pool`, never inside it: a
     /// pool thread waiting in a parallel op runs other queued pool jobs, so a job that blocked
@@ -67,9 +70,11 @@ impl TextModel {
     ) -> Result<GenerationRecord, PluginError> {
         self.refuse_audio(snapshot)?;
         let engine = self.engine(pool)?;
-        let started = self.with_store(|store| {
-            self.batcher
-                .prompt(|| install(pool, || engine.start(snapshot, store)))
+        let started = self.prompts.start(snapshot, |group| {
+            self.with_store(|store| {
+                self.batcher
+                    .prompt(|| install(pool, || engine.start_batch(group, store)))
+            })
         })?;
         self.decode(&engine, started, config, sink, pool)
     }

@@ -228,10 +228,13 @@ fn the_prefix_cache_reuses_positions_without_changing_logprobs() {
         .unwrap();
     let on = backend.score_batch(&prompts, reply).unwrap();
     let again = backend.score_batch(&prompts, reply).unwrap();
+    // A cached past runs through other onnxruntime kernels than one whole pass, summing in
+    // another order: 1.3e-5 apart on an AVX2-only CPU (AMD EPYC), under 1e-5 with AVX-512.
+    // A wrong reuse (positions, a stale past) moves logprobs by far more.
     for (a, b) in off.iter().zip(on.iter().chain(&again)) {
         assert_eq!(a.token_ids, b.token_ids);
         for (x, y) in a.logprobs.iter().zip(b.logprobs.iter()) {
-            assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+            assert!((x - y).abs() < 1e-4, "{x} vs {y}");
         }
     }
     assert!(

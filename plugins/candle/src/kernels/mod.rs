@@ -264,7 +264,7 @@ fn run<W: Block>(
     // SAFETY: `W` is a `repr(C)` struct of byte arrays (alignment 1, no padding, any bit
     // pattern valid), and `data` holds exactly `n * kb` of them (checked above).
     let w = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<W>(), n * kb) };
-    let x = quantize(lhs);
+    let x = quantize(path, lhs);
     let blocks = (kb, k / BLOCK);
     match path {
         Path::Scalar => split(w, &x, blocks, dst, pairwise(W::dot_scalar)),
@@ -304,27 +304,48 @@ fn pairwise<W>(dot: impl Fn(&[W], &[BlockQ8]) -> f32 + Sync) -> impl TileDot<W> 
 }
 
 /// Activations to 8 bits per block (llama.cpp's `quantize_row_q8_1`). Rows are whole blocks,
-/// so blocks never straddle two rows.
-fn quantize(lhs: &[f32]) -> Vec<BlockQ8> {
-    lhs.chunks_exact(BLOCK)
-        .map(|x| {
-            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let mut qs = [0i8; BLOCK];
-            let mut sum = 0i32;
-            for (q, v) in qs.iter_mut().zip(x) {
-                *q = (v * id).round() as i8;
-                sum += i32::from(*q);
-            }
-            BlockQ8 {
-                d: f16::from_f32(d).to_f32(),
-                s: f16::from_f32(d * sum as f32).to_f32(),
-                sum: sum as f32,
-                qs,
-            }
-        })
-        .collect()
+/// so blocks never straddle two rows. The same code on every path; compiled for AVX2 where the
+/// path has it, `round` becomes inline vector code instead of a call to `roundf` per value.
+fn quantize(path: Path, lhs: &[f32]) -> Vec<BlockQ8> {
+    #[cfg(target_arch = "x86_64")]
+    if path != Path::Scalar && avx2::Avx2::detect().is_some() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn with_avx2(lhs: &[f32]) -> Vec<BlockQ8> {
+            blocks(lhs)
+        }
+        // SAFETY: the CPU has the features (checked above).
+        return unsafe { with_avx2(lhs) };
+    }
+    let _ = path;
+    blocks(lhs)
+}
+
+/// A loop rather than `map(..).collect()`, whose closure would compile on its own, without
+/// the caller's target features.
+#[inline(always)]
+fn blocks(lhs: &[f32]) -> Vec<BlockQ8> {
+    let mut blocks = Vec::with_capacity(lhs.len() / BLOCK);
+    for x in lhs.chunks_exact(BLOCK) {
+        let mut amax = 0f32;
+        for v in x {
+            amax = amax.max(v.abs());
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut qs = [0i8; BLOCK];
+        let mut sum = 0i32;
+        for (q, v) in qs.iter_mut().zip(x) {
+            *q = (v * id).round() as i8;
+            sum += i32::from(*q);
+        }
+        blocks.push(BlockQ8 {
+            d: f16::from_f32(d).to_f32(),
+            s: f16::from_f32(d * sum as f32).to_f32(),
+            sum: sum as f32,
+            qs,
+        });
+    }
+    blocks
 }
 
 /// Fills `dst` (`(m, n)`) in parallel over chunks of weight rows, a few per thread, so that
