@@ -279,15 +279,26 @@ impl<T> Prompts<T> {
             let (ids, group): (Vec<u64>, Vec<ConversationSnapshot>) =
                 queued.prompts.drain(..take).unzip();
             drop(queued);
-            let results = catch_unwind(AssertUnwindSafe(|| answer_each(&group, &run)))
-                .unwrap_or_else(|_| {
-                    let failed = || Err(PluginError::internal("a prompt pass panicked"));
-                    group.iter().map(|_| failed()).collect()
-                });
+            let (results, panic) =
+                match catch_unwind(AssertUnwindSafe(|| answer_each(&group, &run))) {
+                    Ok(results) => (results, None),
+                    Err(payload) => {
+                        let failed = || Err(PluginError::internal("a prompt pass panicked"));
+                        (group.iter().map(|_| failed()).collect(), Some(payload))
+                    }
+                };
+            let mine = ids.contains(&id);
             queued = self.lock();
             queued.done.extend(ids.into_iter().zip(results));
             queued.running = false;
             self.changed.notify_all();
+            // The others of the group fail with an error; the leader's own call panics on, as
+            // it would have alone (the plugin boundary reports it with its message).
+            if let (Some(payload), true) = (panic, mine) {
+                queued.done.remove(&id);
+                drop(queued);
+                std::panic::resume_unwind(payload);
+            }
         }
     }
 
