@@ -48,20 +48,18 @@ impl Avx2 {
         xs: &[&[BlockQ8]],
         out: &mut Tile,
     ) {
-        for (j, pair) in w.chunks(2 * wb).enumerate() {
-            // SAFETY: as above.
-            let sums = unsafe { tile_nibbles(pair, wb, xs) };
-            store_pair(&sums, xs.len(), j, out);
-        }
+        // SAFETY: as above.
+        by_pairs(w, wb, xs.len(), out, |pair| unsafe {
+            tile_nibbles(pair, wb, xs)
+        })
     }
 
     /// Q8_0, as [`Avx2::tile_nibbles`].
     pub(super) fn tile_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
-        for (j, pair) in w.chunks(2 * wb).enumerate() {
-            // SAFETY: as above.
-            let sums = unsafe { tile_q8_0(pair, wb, xs) };
-            store_pair(&sums, xs.len(), j, out);
-        }
+        // SAFETY: as above.
+        by_pairs(w, wb, xs.len(), out, |pair| unsafe {
+            tile_q8_0(pair, wb, xs)
+        })
     }
 }
 
@@ -81,6 +79,17 @@ pub(super) enum Kind {
     Q4_1,
     /// `w = d · (q + 16·h - 16)`, `h` bit `i` of `qh` for value `i`.
     Q5_0,
+}
+
+impl Kind {
+    /// The offset of Q4_0's and Q5_0's q, a quarter of it: the tile kernels spread each
+    /// block's offset term over a lane's four f32.
+    pub(super) fn quarter_offset(&self) -> f32 {
+        match self {
+            Kind::Q4_0 => -8.0 / 4.0,
+            _ => -16.0 / 4.0,
+        }
+    }
 }
 
 impl Nibbles for BlockQ4_0 {
@@ -245,6 +254,31 @@ fn pair_scales(a: [u8; 4], b: [u8; 4]) -> (__m256, __m256) {
     )
 }
 
+/// Each weight-row pair of `w` (a lone last row alone) through `pair`, into `out`.
+fn by_pairs<W>(
+    w: &[W],
+    wb: usize,
+    rows: usize,
+    out: &mut Tile,
+    pair: impl Fn(&[W]) -> [[f32; 8]; ROWS],
+) {
+    for (j, w) in w.chunks(2 * wb).enumerate() {
+        store_pair(&pair(w), rows, j, out);
+    }
+}
+
+/// The accumulators' lanes as f32. A loop: a `map` closure would compile without the target
+/// features and call each store.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn spill(acc: [__m256; ROWS]) -> [[f32; 8]; ROWS] {
+    let mut out = [[0f32; 8]; ROWS];
+    for (lanes, acc) in out.iter_mut().zip(acc) {
+        // SAFETY: `lanes` is 8 writable f32; the store is unaligned.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    }
+    out
+}
+
 /// Each accumulator's two lanes summed: `out[2j][r]` from the low lane of `acc[r]`,
 /// `out[2j + 1][r]` from the high one (when the tile has that row).
 fn store_pair(acc: &[[f32; 8]; ROWS], rows: usize, j: usize, out: &mut Tile) {
@@ -264,11 +298,7 @@ fn tile_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8];
     let (a, b) = (&w[..wb], &w[w.len() - wb..]);
     let mask = _mm256_set1_epi8(0xF);
     let ones = _mm256_set1_epi16(1);
-    // The per-block terms spread over a lane's four f32, hence the quarters.
-    let offset = match W::KIND {
-        Kind::Q4_0 => -8.0 / 4.0,
-        _ => -16.0 / 4.0,
-    };
+    let offset = W::KIND.quarter_offset();
     let mut acc = [_mm256_setzero_ps(); ROWS];
     for (i, (a, b)) in a.iter().zip(b).enumerate() {
         let (a, b) = (a.parts(), b.parts());
@@ -302,12 +332,7 @@ fn tile_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8];
             };
         }
     }
-    acc.map(|acc| {
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` is 8 writable f32; the store is unaligned.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-        lanes
-    })
+    spill(acc)
 }
 
 /// As [`tile_nibbles`] for Q8_0: signed × signed through `maddubs` as in [`dot_q8_0`], the
@@ -335,10 +360,5 @@ fn tile_q8_0(w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8]; ROWS] 
             *acc = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(sums), *acc);
         }
     }
-    acc.map(|acc| {
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` is 8 writable f32; the store is unaligned.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-        lanes
-    })
+    spill(acc)
 }

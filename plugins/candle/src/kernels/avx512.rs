@@ -115,11 +115,7 @@ fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile
     let rows = row_starts(w, wb);
     let mask = _mm512_set1_epi8(0xF);
     let fifth = _mm512_set1_epi8(0x10);
-    // The per-block terms spread over a lane's four f32, hence the quarters.
-    let offset = match W::KIND {
-        Kind::Q4_0 => -8.0 / 4.0,
-        _ => -16.0 / 4.0,
-    };
+    let offset = W::KIND.quarter_offset();
     let mut acc = [_mm512_setzero_ps(); ROWS];
     for i in 0..wb {
         let blocks = rows.map(|row| row[i].parts());
