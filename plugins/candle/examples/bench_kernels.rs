@@ -1,7 +1,8 @@
 //! One activation row (a decode step) through lmhost's fastest kernel path, candle's `QMatMul`
 //! (which may repack the matrix on first use) and candle's kernel on the stored blocks (what
-//! `weights = compact` ran for these types before), on Gemma 3 270M's shapes: Q5_0 for its
-//! 640-wide inputs, the K-quants for the 2048-wide one.
+//! `weights = compact` ran for these types before), on Gemma 3 270M's shapes (Q5_0 for its
+//! 640-wide inputs, the K-quants for the 2048-wide one) and SmolLM2 Q4_1's (its Q8_0 output
+//! layer, 30 MB: more than the caches hold, as in a decode step; a Q4_1 MLP matrix).
 //!
 //! Prints figures; asserts nothing. `cargo run --release --example bench_kernels -p
 //! lmhost-candle` (the thread count is rayon's and candle's, `RAYON_NUM_THREADS`).
@@ -9,7 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::quantized::k_quants::{self, BlockQ4K, BlockQ5_0, BlockQ6K, GgmlType};
+use candle_core::quantized::k_quants::{
+    self, BlockQ4K, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0, GgmlType,
+};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use lmhost_candle::kernels::{self, Path};
@@ -25,6 +28,8 @@ fn main() -> anyhow::Result<()> {
             unpacked::<BlockQ5_0> as Unpacked,
         ),
         (GgmlDType::Q4K, (640, 2048), unpacked::<BlockQ4K>),
+        (GgmlDType::Q8_0, (49152, 576), unpacked::<BlockQ8_0>),
+        (GgmlDType::Q4_1, (1536, 576), unpacked::<BlockQ4_1>),
         (GgmlDType::Q6K, (640, 2048), unpacked::<BlockQ6K>),
     ];
     for (dtype, (n, k), candle_unpacked) in cases {
