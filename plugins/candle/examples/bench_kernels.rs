@@ -30,6 +30,7 @@ fn main() -> anyhow::Result<()> {
         (GgmlDType::Q4K, (640, 2048), unpacked::<BlockQ4K>),
         (GgmlDType::Q8_0, (49152, 576), unpacked::<BlockQ8_0>),
         (GgmlDType::Q4_1, (1536, 576), unpacked::<BlockQ4_1>),
+        (GgmlDType::Q4_1, (49152, 576), unpacked::<BlockQ4_1>),
         (GgmlDType::Q6K, (640, 2048), unpacked::<BlockQ6K>),
     ];
     for (dtype, (n, k), candle_unpacked) in cases {

@@ -219,6 +219,7 @@ fn dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (w, x) in w.iter().zip(x) {
         let (dw, _) = f16_pair([w.d[0], w.d[1], 0, 0]);
+        prefetch(w);
         // SAFETY: `qs` is 32 readable bytes; the load is unaligned.
         let q = unsafe { _mm256_loadu_si256(w.qs.as_ptr().cast()) };
         // Signed × signed through maddubs: |q| times x with q's sign moved onto x.
@@ -226,6 +227,19 @@ fn dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d), p, acc);
     }
     hsum(acc)
+}
+
+/// How far ahead of the block being read the weight kernels ask for the next ones. A decode
+/// step streams every weight from memory once; without the hint, the 30 MB Q8_0 output layer
+/// of SmolLM2 took 3.0-3.4 ms on one activation row, with it 2.0-2.6 (hints 512 bytes ahead
+/// gained half that, 4096 as much as 2048).
+const PREFETCH: usize = 2048;
+
+/// Hints the cache to load the bytes [`PREFETCH`] past `block`: a hint, never a read, so an
+/// address past the end of the weights is harmless.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch<T>(block: &T) {
+    _mm_prefetch::<_MM_HINT_T0>((block as *const T).cast::<i8>().wrapping_add(PREFETCH));
 }
 
 /// Two rows' 16-byte pieces as the two 128-bit lanes, `a` low.
@@ -309,6 +323,8 @@ fn tile_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8];
     let offset = W::KIND.quarter_offset();
     let mut acc = [_mm256_setzero_ps(); ROWS];
     for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        prefetch(a);
+        prefetch(b);
         let (a, b) = (a.parts(), b.parts());
         // SAFETY: each block's nibbles are 16 bytes.
         let q = unsafe { lanes(a.0.as_ptr(), b.0.as_ptr()) };
@@ -351,6 +367,8 @@ fn tile_q8_0(w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8]; ROWS] 
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); ROWS];
     for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        prefetch(a);
+        prefetch(b);
         // SAFETY: each block's values are 32 bytes, read as two halves of 16.
         let (lo, hi) = unsafe {
             let (pa, pb) = (a.qs.as_ptr().cast::<u8>(), b.qs.as_ptr().cast::<u8>());

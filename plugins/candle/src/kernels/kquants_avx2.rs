@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{activations, dot_u8_i8, f16_pair, fifth_bits, hsum, nibbles, Avx2};
+use super::avx2::{activations, dot_u8_i8, f16_pair, fifth_bits, hsum, nibbles, prefetch, Avx2};
 use super::kquants::{scales_mins, BlockQ4K, BlockQ5_0, BlockQ6K, SUBS};
 use super::BlockQ8;
 
@@ -42,6 +42,7 @@ fn dot_q5_0(w: &[BlockQ5_0], x: &[BlockQ8]) -> f32 {
     // Σ d · sum over the blocks, for the offset of 16.
     let mut offset = 0f32;
     let step = |acc: &mut __m256, w: &BlockQ5_0, x: &BlockQ8| {
+        prefetch(w);
         let d = f16_pair([w.d[0], w.d[1], 0, 0]).0 * x.d;
         let q = _mm256_or_si256(nibbles(&w.qs), fifth_bits(w.qh));
         *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), dot_u8_i8(q, activations(x)), *acc);
@@ -114,6 +115,7 @@ fn dot_q4k(w: &[BlockQ4K], x: &[BlockQ8]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut mins = _mm256_setzero_ps();
     for (w, x) in w.iter().zip(x.as_chunks::<SUBS>().0) {
+        prefetch(w);
         let (d, dmin) = f16_pair([w.d[0], w.d[1], w.dmin[0], w.dmin[1]]);
         let (sc, m) = scales_mins(&w.scales);
         let (xd, xsum) = block_scales(x);
@@ -146,6 +148,7 @@ fn dot_q6k(w: &[BlockQ6K], x: &[BlockQ8]) -> f32 {
     let m32 = _mm256_set1_epi8(32);
     let mut acc = _mm256_setzero_ps();
     for (w, x) in w.iter().zip(x.as_chunks::<SUBS>().0) {
+        prefetch(w);
         let (d, _) = f16_pair([w.d[0], w.d[1], 0, 0]);
         // SAFETY: `scales` is 16 readable bytes; the load is unaligned.
         let sc = unsafe { _mm_loadu_si128(w.scales.as_ptr().cast()) };
