@@ -55,8 +55,9 @@ impl Avx2 {
     }
 
     /// Q8_0, as [`Avx2::tile_nibbles`]. One activation row (a lone decode step) goes row by
-    /// row through [`dot_q8_0`]: its whole-block loads ran a 49152 x 576 output layer (SmolLM2's)
-    /// in 3.0-3.5 ms where the lane pairs took 5.7-6.3, while several rows share each pair.
+    /// row through [`dot_q8_0`], with the same result: its whole-block loads ran a 49152 x 576
+    /// output layer (SmolLM2's) in 3.0-3.5 ms where the lane pairs took 5.7-6.3, while several
+    /// rows share each pair.
     pub(super) fn tile_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         if let [x] = xs {
             for (w, out) in w.chunks_exact(wb).zip(out.iter_mut()) {
@@ -214,19 +215,32 @@ fn dot_q4_1(w: &[BlockQ4_1], x: &[BlockQ8]) -> f32 {
     hsum(acc) + offset
 }
 
+/// Whole 32-byte blocks, with [`tile_q8_0`]'s arithmetic: each block's two halves' integer
+/// sums added before conversion, four f32 lanes, summed as [`store_pair`] sums them. So a row
+/// alone gets bit for bit what it gets in a tile, and batching never changes a greedy reply.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm_setzero_ps();
     for (w, x) in w.iter().zip(x) {
-        let (dw, _) = f16_pair([w.d[0], w.d[1], 0, 0]);
         prefetch(w);
+        let (dw, _) = f16_pair([w.d[0], w.d[1], 0, 0]);
         // SAFETY: `qs` is 32 readable bytes; the load is unaligned.
         let q = unsafe { _mm256_loadu_si256(w.qs.as_ptr().cast()) };
         // Signed × signed through maddubs: |q| times x with q's sign moved onto x.
-        let p = dot_u8_i8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(activations(x), q));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d), p, acc);
+        let pairs =
+            _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(activations(x), q));
+        let sums = _mm256_madd_epi16(pairs, ones);
+        let sums = _mm_add_epi32(
+            _mm256_castsi256_si128(sums),
+            _mm256_extracti128_si256::<1>(sums),
+        );
+        acc = _mm_fmadd_ps(_mm_set1_ps(dw * x.d), _mm_cvtepi32_ps(sums), acc);
     }
-    hsum(acc)
+    let mut lanes = [0f32; 4];
+    // SAFETY: `lanes` is 4 writable f32; the store is unaligned.
+    unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), acc) };
+    lanes.iter().sum()
 }
 
 /// How far ahead of the block being read the weight kernels ask for the next ones. A decode
