@@ -1,8 +1,9 @@
 //! One activation row (a decode step) through lmhost's fastest kernel path, candle's `QMatMul`
 //! (which may repack the matrix on first use) and candle's kernel on the stored blocks (what
 //! `weights = compact` ran for these types before), on Gemma 3 270M's shapes (Q5_0 for its
-//! 640-wide inputs, the K-quants for the 2048-wide one) and SmolLM2 Q4_1's (its Q8_0 output
-//! layer, 30 MB: more than the caches hold, as in a decode step; a Q4_1 MLP matrix).
+//! 640-wide inputs, the K-quants for the 2048-wide one) and SmolLM2 Q4_1's: its Q8_0 output
+//! layer (30 MB, more than the caches hold, as in a decode step), a Q4_1 MLP matrix, and a
+//! Q4_1 matrix of the output layer's shape (18 MB) for the same streaming in that type.
 //!
 //! Prints figures; asserts nothing. `cargo run --release --example bench_kernels -p
 //! lmhost-candle` (the thread count is rayon's and candle's, `RAYON_NUM_THREADS`).
