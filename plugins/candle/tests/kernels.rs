@@ -17,14 +17,13 @@ const TYPES: [(GgmlDType, [usize; 3]); 6] = [
 ];
 
 /// Against the dequantized matrix, as a fraction of `Σ |w_i| · amax(block of x_i)` (the dot
-/// product if every activation were its block's largest). Rounding an activation to 8 bits
-/// moves it by at most amax/254, and the f16 scales of the activation blocks add about 2⁻¹¹
+/// product if every activation were its block's largest), activation blocks being 32 values,
+/// or the K-quants' 256 (llama.cpp's Q8_K). Rounding an activation to 8 bits moves it by at
+/// most amax/254, and the f16 scales of the 32-value activation blocks add about 2⁻¹¹
 /// relative: at most ~4.4e-3 in the worst case, so 1/127 leaves room. The weights enter
-/// exactly (integers times their f32 or f16 scales and minimums), so this holds for every type;
-/// for the K-quants too, whose activations are quantized per 32 values like the others' (with
-/// llama.cpp's Q8_K, one scale per 256, amax would be the super-block's largest instead).
-/// Measured: see `kernels_match_dequantized_matmul`'s output (about 1e-3: roundings mostly
-/// cancel).
+/// exactly (integers times their f32 or f16 scales and minimums), so this holds for every
+/// type. Measured: see `kernels_match_dequantized_matmul`'s output (about 1e-3: roundings
+/// mostly cancel).
 const ACTIVATIONS: f32 = 1.0 / 127.0;
 /// AVX2 against scalar, same fraction: the same integer sums, only the f32 summation order
 /// differs.
@@ -56,18 +55,27 @@ impl Rng {
     }
 }
 
-/// `Σ_i |w_ji| · amax(x's block holding i)` for every (activation row r, weight row j).
-fn scales(x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f32> {
+/// Activations per quantized block for `dtype`'s kernels.
+fn activation_block(dtype: GgmlDType) -> usize {
+    match dtype {
+        GgmlDType::Q4K | GgmlDType::Q6K => 256,
+        _ => kernels::BLOCK,
+    }
+}
+
+/// `Σ_i |w_ji| · amax(x's block of `block` values holding i)` for every (activation row r,
+/// weight row j).
+fn scales(x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize), block: usize) -> Vec<f32> {
     let amax: Vec<f32> = x
-        .chunks(kernels::BLOCK)
+        .chunks(block)
         .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())))
         .collect();
-    let kb = k / kernels::BLOCK;
+    let kb = k / block;
     let mut out = vec![0f32; m * n];
     for r in 0..m {
         for j in 0..n {
             out[r * n + j] = (0..k)
-                .map(|i| w[j * k + i].abs() * amax[r * kb + i / kernels::BLOCK])
+                .map(|i| w[j * k + i].abs() * amax[r * kb + i / block])
                 .sum();
         }
     }
@@ -117,7 +125,7 @@ fn kernels_match_dequantized_matmul() {
                             .to_vec1::<f32>()
                             .unwrap();
                         let w = dequantized.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                        let scale = scales(&x, &w, (m, k, n));
+                        let scale = scales(&x, &w, (m, k, n), activation_block(dtype));
                         let results: Vec<Vec<f32>> = pool.install(|| {
                             Path::available()
                                 .into_iter()

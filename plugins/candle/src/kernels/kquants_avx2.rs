@@ -1,12 +1,12 @@
 //! The AVX2 dot products of [`super::kquants`]' types (after llama.cpp's `ggml_vec_dot_q5_0_q8_0`,
 //! `_q4_K_q8_K` and `_q6_K_q8_K`): unsigned weight bytes times signed activations per
-//! `_mm256_maddubs_epi16`, as in `avx2.rs`. With one activation scale per 32 values, each
-//! sub-block's integer sum is scaled into the f32 accumulators on its own.
+//! `_mm256_maddubs_epi16`, as in `avx2.rs`. The K-quants' sums stay i32 over a super-block,
+//! weight scales applied by `_mm256_madd_epi16`, and are converted and scaled once.
 
 use std::arch::x86_64::*;
 
 use super::avx2::{activations, dot_u8_i8, f16_pair, fifth_bits, hsum, nibbles, prefetch, Avx2};
-use super::kquants::{scales_mins, BlockQ4K, BlockQ5_0, BlockQ6K, SUBS};
+use super::kquants::{scales_mins, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K};
 use super::BlockQ8;
 
 impl Avx2 {
@@ -15,23 +15,27 @@ impl Avx2 {
         unsafe { dot_q5_0(w, x) }
     }
 
-    pub(super) fn dot_q4k(self, w: &[BlockQ4K], x: &[BlockQ8]) -> f32 {
+    pub(super) fn dot_q4k(self, w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
         // SAFETY: as above.
         unsafe { dot_q4k(w, x) }
     }
 
-    pub(super) fn dot_q6k(self, w: &[BlockQ6K], x: &[BlockQ8]) -> f32 {
+    pub(super) fn dot_q6k(self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
         // SAFETY: as above.
         unsafe { dot_q6k(w, x) }
     }
 }
 
-/// 32 unaligned bytes from the start of `bytes`; panics on fewer.
+/// The first 32 bytes of `v` (integers: weight bytes, activations, their sums), unaligned;
+/// panics on fewer.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load(bytes: &[u8]) -> __m256i {
-    let bytes = &bytes[..32];
-    // SAFETY: `bytes` is 32 readable bytes; the load is unaligned.
-    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+fn load<T: Copy>(v: &[T]) -> __m256i {
+    assert!(
+        std::mem::size_of_val(v) >= 32,
+        "a 32-byte load from fewer bytes"
+    );
+    // SAFETY: `v` has 32 readable bytes (checked); the load is unaligned.
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
 }
 
 /// As Q4_0 with an offset of 16 and a fifth bit; two blocks per step, each with its own
@@ -59,101 +63,71 @@ fn dot_q5_0(w: &[BlockQ5_0], x: &[BlockQ8]) -> f32 {
     hsum(_mm256_add_ps(acc[0], acc[1])) - 16.0 * offset
 }
 
-/// The `d` and `sum` of a super-block's 8 activation blocks, a block per lane.
+/// 8 bytes in the low half of a vector.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block_scales(x: &[BlockQ8; SUBS]) -> (__m256, __m256) {
-    let d = _mm256_setr_ps(
-        x[0].d, x[1].d, x[2].d, x[3].d, x[4].d, x[5].d, x[6].d, x[7].d,
-    );
-    let sum = _mm256_setr_ps(
-        x[0].sum, x[1].sum, x[2].sum, x[3].sum, x[4].sum, x[5].sum, x[6].sum, x[7].sum,
-    );
-    (d, sum)
+fn bytes8(b: [u8; 8]) -> __m128i {
+    _mm_cvtsi64_si128(i64::from_le_bytes(b))
 }
 
-/// 8 bytes as f32 lanes.
+/// i16 lane `i` of each 128-bit half of `v`, in every lane of that half.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn bytes_f32(b: [u8; SUBS]) -> __m256 {
-    let b = _mm_cvtsi64_si128(i64::from_le_bytes(b));
-    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b))
+fn lane_i16(v: __m256i, i: usize) -> __m256i {
+    let i = 2 * i as u8;
+    _mm256_shuffle_epi8(v, _mm256_set1_epi16(i16::from_le_bytes([i, i + 1])))
 }
 
-/// `[a.low | b.high]` and `[a.high | b.low]` (128-bit halves): their sum holds `a`'s two
-/// halves added in its low half and `b`'s in its high one, so that one conversion and one
-/// multiply-add serve two sub-blocks.
+/// Each 32 bytes of `qs` are two sub-blocks (low and high nibbles), each `maddubs`ed with its
+/// 32 activations and `madd`ed with its 6-bit scale into i32 lanes. The minimums' term comes
+/// from the activations' 16-value sums, eight pair sums against the eight minimums.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn halves(a: __m256i, b: __m256i) -> (__m256i, __m256i) {
-    (
-        _mm256_blend_epi32::<0xF0>(a, b),
-        _mm256_permute2x128_si256::<0x21>(a, b),
-    )
-}
-
-/// Lane `j` of `v` in the low half, lane `j + 1` in the high half.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn pair_lanes(v: __m256, j: usize) -> __m256 {
-    let (a, b) = (j as i32, j as i32 + 1);
-    _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(a, a, a, a, b, b, b, b))
-}
-
-/// `acc + x.d · Σ q·x·scale` in f32 lanes, from i16 pair sums `q·x` (as `maddubs` makes them)
-/// and i16 weight scales. The activation scale is broadcast from memory, a load rather than a
-/// shuffle.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scaled(acc: __m256, pairs: __m256i, scale: __m256i, x: &BlockQ8) -> __m256 {
-    let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, scale));
-    _mm256_fmadd_ps(_mm256_broadcast_ss(&x.d), sums, acc)
-}
-
-/// Each 32 bytes of `qs` are two sub-blocks (low and high nibbles), folded into one vector of
-/// i16 sums ([`halves`]; at most 4 · 15 · 127, no overflow). Their f32 scales `d · sc · x.d`
-/// and the minimums are computed in lanes, once per super-block.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4k(w: &[BlockQ4K], x: &[BlockQ8]) -> f32 {
+fn dot_q4k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
     let low = _mm256_set1_epi8(0xF);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let mut mins = _mm256_setzero_ps();
-    for (w, x) in w.iter().zip(x.as_chunks::<SUBS>().0) {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_mins = _mm_setzero_ps();
+    for (w, x) in w.iter().zip(x) {
         prefetch(w);
         let (d, dmin) = f16_pair([w.d[0], w.d[1], w.dmin[0], w.dmin[1]]);
         let (sc, m) = scales_mins(&w.scales);
-        let (xd, xsum) = block_scales(x);
-        let m = _mm256_mul_ps(bytes_f32(m), _mm256_set1_ps(dmin));
-        mins = _mm256_fmadd_ps(m, _mm256_mul_ps(xd, xsum), mins);
-        let scales = _mm256_mul_ps(_mm256_mul_ps(bytes_f32(sc), _mm256_set1_ps(d)), xd);
-        let (qs, x) = (w.qs.as_chunks::<32>().0, x.as_chunks::<2>().0);
-        for (c, (bits, [xa, xb])) in qs.iter().zip(x).enumerate() {
+        let bsums = load(&x.bsums);
+        let sub_sums = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bsums),
+            _mm256_extracti128_si256::<1>(bsums),
+        );
+        let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(bytes8(m)), sub_sums);
+        acc_mins = _mm_fmadd_ps(_mm_set1_ps(x.d * dmin), _mm_cvtepi32_ps(mins), acc_mins);
+        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes8(sc)));
+        let mut sumi = _mm256_setzero_si256();
+        let (qs, xs) = (w.qs.as_chunks::<32>().0, x.qs.as_chunks::<64>().0);
+        for (c, (bits, a)) in qs.iter().zip(xs).enumerate() {
             let bits = load(bits);
-            let lo = _mm256_and_si256(bits, low);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), low);
-            let (t, u) = halves(
-                _mm256_maddubs_epi16(lo, activations(xa)),
-                _mm256_maddubs_epi16(hi, activations(xb)),
+            let lo = _mm256_maddubs_epi16(_mm256_and_si256(bits, low), load(&a[..32]));
+            let hi = _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bits), low),
+                load(&a[32..]),
             );
-            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(t, u), ones));
-            let acc = &mut acc[c % 2];
-            *acc = _mm256_fmadd_ps(pair_lanes(scales, 2 * c), sums, *acc);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(lane_i16(scales, 2 * c), lo));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(lane_i16(scales, 2 * c + 1), hi));
         }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d * d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum(_mm256_sub_ps(_mm256_add_ps(acc[0], acc[1]), mins))
+    hsum(acc) - hsum(_mm256_set_m128(_mm_setzero_ps(), acc_mins))
 }
 
 /// Each half super-block's 3×32 bytes of `ql` and `qh` are four sub-blocks. q - 32 comes from
-/// `maddubs(q, x) - maddubs(32, x)`, then `madd` applies the two i8 scales per sub-block
-/// ([`scaled`]) and `d` is applied once per super-block.
+/// `maddubs(q, x) - maddubs(32, x)`, then `madd` applies the two i8 scales per sub-block into
+/// i32 lanes, and `d · x.d` is applied once per super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6k(w: &[BlockQ6K], x: &[BlockQ8]) -> f32 {
+fn dot_q6k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
     let low = _mm256_set1_epi8(0xF);
     let m32 = _mm256_set1_epi8(32);
     let mut acc = _mm256_setzero_ps();
-    for (w, x) in w.iter().zip(x.as_chunks::<SUBS>().0) {
+    for (w, x) in w.iter().zip(x) {
         prefetch(w);
         let (d, _) = f16_pair([w.d[0], w.d[1], 0, 0]);
         // SAFETY: `scales` is 16 readable bytes; the load is unaligned.
         let sc = unsafe { _mm_loadu_si128(w.scales.as_ptr().cast()) };
-        let mut sums = [_mm256_setzero_ps(); 2];
-        for (h, x) in x.as_chunks::<4>().0.iter().enumerate() {
+        let mut sumi = [_mm256_setzero_si256(); 2];
+        for (h, x) in x.qs.as_chunks::<128>().0.iter().enumerate() {
             let scales = half_scales(sc, h);
             let ql0 = load(&w.ql[64 * h..]);
             let ql1 = load(&w.ql[64 * h + 32..]);
@@ -177,14 +151,15 @@ fn dot_q6k(w: &[BlockQ6K], x: &[BlockQ8]) -> f32 {
                     _mm256_srli_epi16::<2>(high(0xC0u8 as i8)),
                 ),
             ];
-            for (t, (q, x)) in q.into_iter().zip(x).enumerate() {
-                let a = activations(x);
+            for (t, (q, x)) in q.into_iter().zip(x.as_chunks::<32>().0).enumerate() {
+                let a = load(x);
                 let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(m32, a));
-                let sums = &mut sums[t % 2];
-                *sums = scaled(*sums, p, sub_block_scales(scales, t), x);
+                let sumi = &mut sumi[t % 2];
+                *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(p, sub_block_scales(scales, t)));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(sums[0], sums[1]), acc);
+        let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[0], sumi[1]));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), sumi, acc);
     }
     hsum(acc)
 }

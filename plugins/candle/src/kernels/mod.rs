@@ -5,8 +5,8 @@
 //!
 //! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K (SmolLM2's GGUF, a Q4_K_M file's mix, and the
 //! requantized formats), read in place from a candle `QTensor`'s bytes. The K-quants' 256-value
-//! super-blocks meet eight activation blocks, so their activations round per 32 values, finer
-//! than llama.cpp's Q8_K. The fastest path this CPU has is chosen at run time: AVX-512 VNNI
+//! super-blocks meet llama.cpp's Q8_K activations ([`kquants::BlockQ8K`]), one scale per 256
+//! values, so that a super-block's sums stay integers until its one scaling. The fastest path this CPU has is chosen at run time: AVX-512 VNNI
 //! (Q4_0, Q4_1, Q8_0; the others through AVX2), AVX2, or the scalar one, which runs everywhere
 //! and computes the same integer sums.
 
@@ -155,30 +155,43 @@ struct BlockQ8 {
     qs: [i8; BLOCK],
 }
 
+/// Quantized activations: [`BlockQ8`] for the 32-value weight types, [`kquants::BlockQ8K`]
+/// for the K-quants.
+trait Activations: Sized + Sync {
+    /// Activations per block.
+    const VALUES: usize;
+    /// `lhs`, whole blocks, quantized. Inlined into [`quantize`], which compiles it with the
+    /// path's target features.
+    fn blocks(lhs: &[f32]) -> Vec<Self>;
+}
+
 /// A weight block type and its dot product with quantized activations, one row of each.
 trait Block: Sized + Sync {
     const DTYPE: GgmlDType;
     /// Weights per block: [`BLOCK`], or 256 for the K-quants' super-blocks. A dot product gets
-    /// `VALUES / BLOCK` activation blocks per weight block.
+    /// `VALUES / X::VALUES` activation blocks per weight block.
     const VALUES: usize = BLOCK;
-    fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32;
+    /// The activation blocks the dot products take.
+    type X: Activations;
+    fn dot_scalar(w: &[Self], x: &[Self::X]) -> f32;
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[BlockQ8]) -> f32;
+    fn dot_avx2(cpu: avx2::Avx2, w: &[Self], x: &[Self::X]) -> f32;
     /// Up to [`WROWS`] weight rows of `wb` blocks (consecutive in `w`) against each of `xs`
     /// (at most [`ROWS`]), into `out[j][r]`; pair by pair where a type has no tile kernel.
     #[cfg(target_arch = "x86_64")]
-    fn tile_avx2(cpu: avx2::Avx2, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+    fn tile_avx2(cpu: avx2::Avx2, w: &[Self], wb: usize, xs: &[&[Self::X]], out: &mut Tile) {
         pairwise(|w, x| Self::dot_avx2(cpu, w, x))(w, wb, xs, out)
     }
     /// As [`Block::tile_avx2`]; the AVX2 tile where a type has no AVX-512 kernel.
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
+    fn dot_avx512(cpu: avx512::Avx512, w: &[Self], wb: usize, xs: &[&[Self::X]], out: &mut Tile) {
         Self::tile_avx2(cpu.avx2(), w, wb, xs, out)
     }
 }
 
 impl Block for BlockQ4_0 {
     const DTYPE: GgmlDType = GgmlDType::Q4_0;
+    type X = BlockQ8;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32 {
         scalar::dot_q4_0(w, x)
     }
@@ -198,6 +211,7 @@ impl Block for BlockQ4_0 {
 
 impl Block for BlockQ4_1 {
     const DTYPE: GgmlDType = GgmlDType::Q4_1;
+    type X = BlockQ8;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32 {
         scalar::dot_q4_1(w, x)
     }
@@ -217,6 +231,7 @@ impl Block for BlockQ4_1 {
 
 impl Block for BlockQ8_0 {
     const DTYPE: GgmlDType = GgmlDType::Q8_0;
+    type X = BlockQ8;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32 {
         scalar::dot_q8_0(w, x)
     }
@@ -264,8 +279,8 @@ fn run<W: Block>(
     // SAFETY: `W` is a `repr(C)` struct of byte arrays (alignment 1, no padding, any bit
     // pattern valid), and `data` holds exactly `n * kb` of them (checked above).
     let w = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<W>(), n * kb) };
-    let x = quantize(path, lhs);
-    let blocks = (kb, k / BLOCK);
+    let x = quantize::<W::X>(path, lhs);
+    let blocks = (kb, k / W::X::VALUES);
     match path {
         Path::Scalar => split(w, &x, blocks, dst, pairwise(W::dot_scalar)),
         #[cfg(target_arch = "x86_64")]
@@ -289,11 +304,11 @@ fn run<W: Block>(
 }
 
 /// What computes a tile: weight rows of `wb` blocks against activation rows, `out[j][r]`.
-trait TileDot<W>: Fn(&[W], usize, &[&[BlockQ8]], &mut Tile) + Sync {}
-impl<W, F: Fn(&[W], usize, &[&[BlockQ8]], &mut Tile) + Sync> TileDot<W> for F {}
+trait TileDot<W, X>: Fn(&[W], usize, &[&[X]], &mut Tile) + Sync {}
+impl<W, X, F: Fn(&[W], usize, &[&[X]], &mut Tile) + Sync> TileDot<W, X> for F {}
 
 /// A one-row dot product applied to each (weight row, activation row) pair of a tile.
-fn pairwise<W>(dot: impl Fn(&[W], &[BlockQ8]) -> f32 + Sync) -> impl TileDot<W> {
+fn pairwise<W, X>(dot: impl Fn(&[W], &[X]) -> f32 + Sync) -> impl TileDot<W, X> {
     move |w, wb, xs, out| {
         for (w, out) in w.chunks_exact(wb).zip(out.iter_mut()) {
             for (x, out) in xs.iter().zip(out.iter_mut()) {
@@ -303,61 +318,65 @@ fn pairwise<W>(dot: impl Fn(&[W], &[BlockQ8]) -> f32 + Sync) -> impl TileDot<W> 
     }
 }
 
-/// Activations to 8 bits per block (llama.cpp's `quantize_row_q8_1`). Rows are whole blocks,
-/// so blocks never straddle two rows. The same code on every path; compiled for AVX2 where the
-/// path has it, `round` becomes inline vector code instead of a call to `roundf` per value.
-fn quantize(path: Path, lhs: &[f32]) -> Vec<BlockQ8> {
+/// Activations to 8 bits per block. Rows are whole blocks, so blocks never straddle two rows.
+/// The same code on every path; compiled for AVX2 where the path has it, rounding becomes
+/// inline vector code instead of a call to `roundf` per value.
+fn quantize<X: Activations>(path: Path, lhs: &[f32]) -> Vec<X> {
     #[cfg(target_arch = "x86_64")]
     if path != Path::Scalar && avx2::Avx2::detect().is_some() {
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn with_avx2(lhs: &[f32]) -> Vec<BlockQ8> {
-            blocks(lhs)
+        fn with_avx2<X: Activations>(lhs: &[f32]) -> Vec<X> {
+            X::blocks(lhs)
         }
         // SAFETY: the CPU has the features (checked above).
         return unsafe { with_avx2(lhs) };
     }
     let _ = path;
-    blocks(lhs)
+    X::blocks(lhs)
 }
 
-/// A loop rather than `map(..).collect()`, whose closure would compile on its own, without
-/// the caller's target features.
-#[inline(always)]
-fn blocks(lhs: &[f32]) -> Vec<BlockQ8> {
-    let mut blocks = Vec::with_capacity(lhs.len() / BLOCK);
-    for x in lhs.chunks_exact(BLOCK) {
-        let mut amax = 0f32;
-        for v in x {
-            amax = amax.max(v.abs());
+impl Activations for BlockQ8 {
+    const VALUES: usize = BLOCK;
+
+    /// llama.cpp's `quantize_row_q8_1`. A loop rather than `map(..).collect()`, whose closure
+    /// would compile on its own, without the caller's target features.
+    #[inline(always)]
+    fn blocks(lhs: &[f32]) -> Vec<BlockQ8> {
+        let mut blocks = Vec::with_capacity(lhs.len() / BLOCK);
+        for x in lhs.chunks_exact(BLOCK) {
+            let mut amax = 0f32;
+            for v in x {
+                amax = amax.max(v.abs());
+            }
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut qs = [0i8; BLOCK];
+            let mut sum = 0i32;
+            for (q, v) in qs.iter_mut().zip(x) {
+                *q = (v * id).round() as i8;
+                sum += i32::from(*q);
+            }
+            blocks.push(BlockQ8 {
+                d: f16::from_f32(d).to_f32(),
+                s: f16::from_f32(d * sum as f32).to_f32(),
+                sum: sum as f32,
+                qs,
+            });
         }
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut qs = [0i8; BLOCK];
-        let mut sum = 0i32;
-        for (q, v) in qs.iter_mut().zip(x) {
-            *q = (v * id).round() as i8;
-            sum += i32::from(*q);
-        }
-        blocks.push(BlockQ8 {
-            d: f16::from_f32(d).to_f32(),
-            s: f16::from_f32(d * sum as f32).to_f32(),
-            sum: sum as f32,
-            qs,
-        });
+        blocks
     }
-    blocks
 }
 
 /// Fills `dst` (`(m, n)`) in parallel over chunks of weight rows, a few per thread, so that
 /// the weights are read once however many activation rows there are. A weight row is `wb`
 /// blocks, an activation row `xb`. Several rows are computed as `dstᵀ` and transposed (one
 /// row needs neither).
-fn split<W: Sync>(
+fn split<W: Sync, X: Sync>(
     w: &[W],
-    x: &[BlockQ8],
+    x: &[X],
     (wb, xb): (usize, usize),
     dst: &mut [f32],
-    dot: impl TileDot<W>,
+    dot: impl TileDot<W, X>,
 ) {
     let m = x.len() / xb;
     let n = w.len() / wb;
@@ -385,17 +404,17 @@ fn split<W: Sync>(
 
 /// `out[j][r]` = weight row `j` · activation row `r`, in tiles of [`WROWS`] weight rows by
 /// [`ROWS`] activation rows.
-fn tile<W>(
+fn tile<W, X>(
     w: &[W],
-    x: &[BlockQ8],
+    x: &[X],
     (wb, xb): (usize, usize),
     out: &mut [f32],
-    dot: &impl TileDot<W>,
+    dot: &impl TileDot<W, X>,
 ) {
     let m = x.len() / xb;
     for (w, out) in w.chunks(WROWS * wb).zip(out.chunks_mut(WROWS * m)) {
         for (g, group) in x.chunks(ROWS * xb).enumerate() {
-            let mut rows: [&[BlockQ8]; ROWS] = [&[]; ROWS];
+            let mut rows: [&[X]; ROWS] = [&[]; ROWS];
             for (slot, row) in rows.iter_mut().zip(group.chunks_exact(xb)) {
                 *slot = row;
             }
