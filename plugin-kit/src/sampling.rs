@@ -26,10 +26,24 @@ impl Rng {
 
 /// log-softmax of one row of logits, in f64 for the sum.
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let log_sum = sum.ln() as f32;
+    let (max, log_sum) = log_normalizer(logits);
     logits.iter().map(|&l| l - max - log_sum).collect()
+}
+
+/// log p(`index`) from a row of logits, as `log_softmax` gives it, without the row it builds
+/// (Gemma 3's vocabulary is 262144 wide, and decode asks for one entry per token).
+pub fn log_softmax_at(logits: &[f32], index: usize) -> Option<f32> {
+    let l = *logits.get(index)?;
+    let (max, log_sum) = log_normalizer(logits);
+    Some(l - max - log_sum)
+}
+
+/// The row's largest logit and log Σ exp(l - max): f32 exponentials (faster than f64's)
+/// summed in f64.
+fn log_normalizer(logits: &[f32]) -> (f32, f32) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
+    (max, sum.ln() as f32)
 }
 
 /// The index of the largest logit (the first on ties).

@@ -10,7 +10,7 @@ use lmhost_plugin_api::{
 };
 
 use crate::prompt::PromptFormat;
-use crate::sampling::{log_softmax, Rng, Sampler};
+use crate::sampling::{log_softmax_at, Rng, Sampler};
 use crate::template::ChatTemplate;
 use crate::tokenizer::TextTokenizer;
 
@@ -87,10 +87,7 @@ impl ReplyIds {
 
 /// log p(id) from a row of raw logits (-inf for an id outside the model's vocabulary).
 pub fn logprob_of(row: &[f32], id: u32) -> f32 {
-    log_softmax(row)
-        .get(id as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY)
+    log_softmax_at(row, id as usize).unwrap_or(f32::NEG_INFINITY)
 }
 
 fn tokenizer_error(e: impl std::fmt::Display) -> PluginError {

@@ -94,6 +94,9 @@ pub struct TextTokenizer {
     continuation: Option<Tokenizer>,
     kind: String,
     tokens: Vec<String>,
+    /// Ids below this decode. Computed once: `Tokenizer::get_vocab_size` looks every added
+    /// token up in the model's vocabulary, which cost Gemma 3's decode 5% per streamed token.
+    decodable: usize,
     ids: TextIds,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -184,6 +187,7 @@ impl TextTokenizer {
         eog.sort_unstable();
         eog.dedup();
         TextTokenizer {
+            decodable: tokenizer.get_vocab_size(true).max(tokens.len()),
             inner: tokenizer,
             plain: OnceLock::new(),
             continuation: None,
@@ -241,6 +245,7 @@ impl TextTokenizer {
             .add_tokens(added(false))
             .map_err(|e| bpe::build_error("the user-defined tokens", e))?;
         Ok(TextTokenizer {
+            decodable: inner.get_vocab_size(true).max(vocab.tokens.len()),
             inner,
             plain: OnceLock::new(),
             continuation: None,
@@ -326,7 +331,7 @@ impl TextTokenizer {
     /// Text of `ids`; `skip_special` drops control tokens (as llama.cpp detokenize with
     /// remove_special/unparse_special=false).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        let size = self.inner.get_vocab_size(true).max(self.tokens.len());
+        let size = self.decodable;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= size) {
             return Err(TokenizerError::IdOutOfRange { id, size });
         }
