@@ -1,9 +1,11 @@
-//! One activation row (a decode step) through lmhost's fastest kernel path, candle's `QMatMul`
-//! (which may repack the matrix on first use) and candle's kernel on the stored blocks (what
-//! `weights = compact` ran for these types before), on Gemma 3 270M's shapes (Q5_0 for its
-//! 640-wide inputs, the K-quants for the 2048-wide one) and SmolLM2 Q4_1's: its Q8_0 output
-//! layer (30 MB, more than the caches hold, as in a decode step), a Q4_1 MLP matrix, and a
-//! Q4_1 matrix of the output layer's shape (18 MB) for the same streaming in that type.
+//! One activation row (a decode step) through each of lmhost's SIMD kernel paths (AVX2 and
+//! AVX-512 side by side where the CPU has both), candle's `QMatMul` (which may repack the
+//! matrix on first use) and candle's kernel on the stored blocks (what `weights = compact` ran
+//! for these types before), on Gemma 3 270M's shapes (Q5_0 for its 640-wide inputs, the
+//! K-quants for the 2048-wide one, its Q8_0 output layer of 178 MB) and SmolLM2 Q4_1's: its
+//! Q8_0 output layer (30 MB, more than the caches hold, as in a decode step), a Q4_1 MLP
+//! matrix, and a Q4_1 matrix of the output layer's shape (18 MB) for the same streaming in
+//! that type.
 //!
 //! Prints figures; asserts nothing. `cargo run --release --example bench_kernels -p
 //! lmhost-candle` (the thread count is rayon's and candle's, `RAYON_NUM_THREADS`).
@@ -30,6 +32,7 @@ fn main() -> anyhow::Result<()> {
         ),
         (GgmlDType::Q4K, (640, 2048), unpacked::<BlockQ4K>),
         (GgmlDType::Q8_0, (49152, 576), unpacked::<BlockQ8_0>),
+        (GgmlDType::Q8_0, (262144, 640), unpacked::<BlockQ8_0>),
         (GgmlDType::Q4_1, (1536, 576), unpacked::<BlockQ4_1>),
         (GgmlDType::Q4_1, (49152, 576), unpacked::<BlockQ4_1>),
         (GgmlDType::Q6K, (640, 2048), unpacked::<BlockQ6K>),
@@ -48,19 +51,27 @@ fn main() -> anyhow::Result<()> {
         };
         // On a pool's thread, as the plugin runs models (from outside, each call would also
         // wait for a worker to wake).
-        let [ours, candle, unpacked] = pool.install(|| {
-            race([
-                &mut || ours(Path::best()),
-                &mut || drop(qmatmul.forward(&xt).expect("a row")),
-                &mut || candle_unpacked(&data, (1, k, n), &x, &mut vec![0f32; n]),
-            ])
-        });
-        println!(
-            "{dtype:?} ({n}, {k}), {} threads: ours ({:?}) {ours:.1?}, candle QMatMul \
-             {candle:.1?}, candle unpacked {unpacked:.1?}",
-            pool.current_num_threads(),
-            Path::best(),
-        );
+        // Every SIMD path this CPU runs (AVX2 and AVX-512 side by side where both exist).
+        let paths: Vec<Path> = Path::available().into_iter().skip(1).collect();
+        let paths = if paths.is_empty() {
+            vec![Path::Scalar]
+        } else {
+            paths
+        };
+        for path in paths {
+            let [ours, candle, unpacked] = pool.install(|| {
+                race([
+                    &mut || ours(path),
+                    &mut || drop(qmatmul.forward(&xt).expect("a row")),
+                    &mut || candle_unpacked(&data, (1, k, n), &x, &mut vec![0f32; n]),
+                ])
+            });
+            println!(
+                "{dtype:?} ({n}, {k}), {} threads: ours ({path:?}) {ours:.1?}, candle QMatMul \
+                 {candle:.1?}, candle unpacked {unpacked:.1?}",
+                pool.current_num_threads(),
+            );
+        }
     }
     Ok(())
 }

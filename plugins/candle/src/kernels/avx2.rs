@@ -35,8 +35,15 @@ impl Avx2 {
     }
 
     pub(super) fn dot_q8_0(self, w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
+        // Summed as `store_pair` sums a tile's lanes.
+        self.q8_0_lanes(w, x).iter().sum()
+    }
+
+    /// One Q8_0 row's four f32 lane sums on whole blocks, for a caller to add as its own
+    /// tiles add theirs.
+    pub(super) fn q8_0_lanes(self, w: &[BlockQ8_0], x: &[BlockQ8]) -> [f32; 4] {
         // SAFETY: as above.
-        unsafe { dot_q8_0(w, x) }
+        unsafe { q8_0_lanes(w, x) }
     }
 
     /// Q4_0, Q4_1 and Q5_0: up to four weight rows of `wb` blocks (consecutive in `w`) against
@@ -216,10 +223,11 @@ fn dot_q4_1(w: &[BlockQ4_1], x: &[BlockQ8]) -> f32 {
 }
 
 /// Whole 32-byte blocks, with [`tile_q8_0`]'s arithmetic: each block's two halves' integer
-/// sums added before conversion, four f32 lanes, summed as [`store_pair`] sums them. So a row
-/// alone gets bit for bit what it gets in a tile, and batching never changes a greedy reply.
+/// sums added before conversion, into four f32 lanes, which the caller sums as its tiles do
+/// (`store_pair` here, `store` in `avx512.rs`). So a row alone gets bit for bit what it gets
+/// in a tile, and batching never changes a greedy reply.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
+fn q8_0_lanes(w: &[BlockQ8_0], x: &[BlockQ8]) -> [f32; 4] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm_setzero_ps();
     for (w, x) in w.iter().zip(x) {
@@ -240,7 +248,7 @@ fn dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8]) -> f32 {
     let mut lanes = [0f32; 4];
     // SAFETY: `lanes` is 4 writable f32; the store is unaligned.
     unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), acc) };
-    lanes.iter().sum()
+    lanes
 }
 
 /// How far ahead of the block being read the weight kernels ask for the next ones. A decode
