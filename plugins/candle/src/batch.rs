@@ -382,6 +382,7 @@ pub fn decode_pass<'a>(
             share: None,
             logits_from: 0,
             hidden: None,
+            sampled: true,
         })
         .collect();
     weights::decoding(|| model.forward_packed(&mut seqs, false)).map(|(logits, _)| logits)

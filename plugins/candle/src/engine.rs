@@ -287,6 +287,7 @@ impl Engine {
                         from: h.from,
                         keys: &h.keys,
                     }),
+                    sampled: items[j].scored.is_empty(),
                 })
                 .collect();
             let (out, _) = self

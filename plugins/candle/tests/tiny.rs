@@ -604,3 +604,38 @@ fn a_packed_decode_row_equals_the_same_row_alone() {
         }
     }
 }
+
+/// A generation's prompt picks its first token through the output layer's decode copy, as
+/// every later token's, while scoring the same row stays on the prefill copy: with `auto`
+/// the two rows differ by what Q8_0 explains, with `f32` (one copy) by f32 rounding only
+/// (candle's GEMM rounds differently with the row count).
+#[test]
+fn a_sampled_prompt_row_takes_the_decode_output_layer() {
+    use lmhost_candle::models::Logits;
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..9).map(|t| (t * 5 + 2) % 40).collect();
+    for (weights, copies) in [("auto", 2), ("f32", 1)] {
+        let b = backend(
+            &write_gguf(&dir.path().join("tiny.gguf"), "llama"),
+            json!({ "weights": weights }),
+        );
+        let model = &*b.engine().unwrap().model;
+        let row = |logits: Logits| -> Vec<f32> {
+            let out = model.forward(&prompt, &mut model.new_state(), logits, false);
+            let rows = out.unwrap().logits.unwrap().to_vec2::<f32>().unwrap();
+            rows.last().unwrap().clone()
+        };
+        let (sampled, scored) = (row(Logits::Last), row(Logits::All));
+        let diff = sampled
+            .iter()
+            .zip(&scored)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        println!("{weights}: sampled vs scored last row, max |Δlogit| = {diff:e}");
+        if copies == 2 {
+            assert!(diff > 1e-3 && diff < 0.05, "{weights}: {diff}");
+        } else {
+            assert!(diff <= 1e-5, "{weights}: {diff}");
+        }
+    }
+}

@@ -32,7 +32,8 @@ pub fn text_architectures() -> Vec<&'static str> {
 pub enum Logits {
     /// None: the pass only fills the KV state (a prompt prefix).
     None,
-    /// The last position (decoding).
+    /// The last position, to pick the next token from (a prompt's last row, a decode step):
+    /// the output layer runs in its decode format ([`Seq::sampled`]).
     Last,
     /// Every position (scoring, equivalence tests).
     All,
@@ -60,6 +61,10 @@ pub struct Seq<'a> {
     pub logits_from: usize,
     /// Keys hidden from some of its rows (a prompt scored with text hidden).
     pub hidden: Option<Hidden<'a>>,
+    /// Its logits only pick the next token (a generation's prompt, a decode step), so the
+    /// output layer may run in its decode format, as every sampled token's does. A pass whose
+    /// logit rows all sample runs its output layer so; one that scores any row does not.
+    pub sampled: bool,
 }
 
 impl Seq<'_> {
@@ -100,6 +105,7 @@ pub trait CausalLm: Send + Sync {
             share: None,
             logits_from,
             hidden: None,
+            sampled: logits == Logits::Last,
         }];
         let (mut logits, hidden) = self.forward_packed(&mut seq, hidden)?;
         Ok(Forward {
@@ -305,10 +311,19 @@ pub fn packed_logits(
         }
         row += n;
     }
+    let sampled = seqs
+        .iter()
+        .all(|seq| seq.sampled || seq.logits_from >= seq.ids.len());
     let logits = match cat_rows(&wanted)? {
-        Some(rows) => Some(head(&rows)?.to_dtype(candle_core::DType::F32)?),
+        // Gemma 3's output layer is 262144 x 640: 670 MB in f32 for a prompt's one sampled
+        // row, 178 MB in its stored Q8_0.
+        Some(rows) if sampled => Some(crate::weights::decoding(|| head(&rows))?),
+        Some(rows) => Some(head(&rows)?),
         None => None,
     };
+    let logits = logits
+        .map(|l| l.to_dtype(candle_core::DType::F32))
+        .transpose()?;
     let mut at = 0;
     seqs.iter()
         .map(|seq| {

@@ -425,6 +425,7 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
             share: None,
             logits_from: 0,
             hidden: None,
+            sampled: false,
         },
         Seq {
             ids: &b_ids[20..],
@@ -432,6 +433,7 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
             share: Some((0, 20)),
             logits_from: 0,
             hidden: None,
+            sampled: false,
         },
         Seq {
             ids: &c,
@@ -439,6 +441,7 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
             share: None,
             logits_from: 4,
             hidden: None,
+            sampled: false,
         },
     ];
     let (logits, _) = model.forward_packed(&mut seqs, false).unwrap();
@@ -461,6 +464,7 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
                 share: Some((0, 3)),
                 logits_from: 0,
                 hidden: None,
+                sampled: false,
             }],
             false,
         )
@@ -479,6 +483,7 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
             share: None,
             logits_from: too_long.len(),
             hidden: None,
+            sampled: false,
         },
         Seq {
             ids: &c,
@@ -486,6 +491,7 @@ pub fn check_packed_pass(model: &dyn CausalLm) {
             share: None,
             logits_from: 0,
             hidden: None,
+            sampled: false,
         },
     ];
     let err = model.forward_packed(&mut seqs, false).unwrap_err();
