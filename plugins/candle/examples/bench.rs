@@ -3,7 +3,7 @@
 //! has llama-cpp-python (`scripts/setup-llama-cpp`), llama.cpp (`scripts/llama-cpp-speed.py`)
 //! fed the same token ids, and for SmolLM2 the onnx backend on its ONNX export (`onnx_speed`,
 //! when `scripts/setup-onnx` has run and the example is built beside this one) in f32.
-//! Every row is measured once, all rows of a table in the same minutes,
+//! Every row is measured once (after an untimed warm-up), all rows of a table in the same minutes,
 //! so a busy machine slows them alike. Prints figures; asserts nothing. candle-transformers
 //! 0.11.1's `quantized_gemma3` fails any multi-token pass after position 0 (its mask joins f32
 //! to u32), so its chunked prefills show `-` with the error noted under the table.
@@ -188,6 +188,21 @@ fn measure(
     notes: &mut Vec<String>,
 ) -> Figures {
     let mut note = |what: &str, e: anyhow::Error| notes.push(format!("{what}: {}", first_line(&e)));
+    // Untimed: a short prompt and a few decode steps first, as a server's first request warms
+    // it. Without it, in two runs, the first row measured decoded 25-30% slower than the same
+    // weights measured again later in the run.
+    runner.reset();
+    let warm = runner
+        .step(&ids[..setup.prompt().min(32)])
+        .and_then(|mut next| {
+            for _ in 0..4 {
+                next = runner.step(&[next])?;
+            }
+            anyhow::Ok(())
+        });
+    if let Err(e) = warm {
+        note("warm-up", e);
+    }
     let mut prefill = Vec::new();
     // The greedy token after the last prefill when that prefill was the decode's prompt: the
     // decode goes on from there, sparing a slow row a second prompt pass.
