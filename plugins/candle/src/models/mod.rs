@@ -302,27 +302,29 @@ pub fn packed_logits(
     head: impl Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Vec<Option<Tensor>>> {
     let mut wanted = Vec::new();
+    // Whether every row asked for only picks a next token.
+    let mut sampled = true;
     let mut row = 0;
     for seq in seqs {
         let n = seq.ids.len();
         let from = seq.logits_from.min(n);
         if from < n {
             wanted.push(states.narrow(0, row + from, n - from)?);
+            sampled &= seq.sampled;
         }
         row += n;
     }
-    let sampled = seqs
-        .iter()
-        .all(|seq| seq.sampled || seq.logits_from >= seq.ids.len());
-    let logits = match cat_rows(&wanted)? {
-        // Gemma 3's output layer is 262144 x 640: 670 MB in f32 for a prompt's one sampled
-        // row, 178 MB in its stored Q8_0.
-        Some(rows) if sampled => Some(crate::weights::decoding(|| head(&rows))?),
-        Some(rows) => Some(head(&rows)?),
-        None => None,
-    };
-    let logits = logits
-        .map(|l| l.to_dtype(candle_core::DType::F32))
+    let logits = cat_rows(&wanted)?
+        .map(|rows| {
+            // Gemma 3's output layer is 262144 x 640: 670 MB in f32 for a prompt's one
+            // sampled row, 178 MB in its stored Q8_0.
+            let logits = if sampled {
+                crate::weights::decoding(|| head(&rows))
+            } else {
+                head(&rows)
+            };
+            logits?.to_dtype(candle_core::DType::F32)
+        })
         .transpose()?;
     let mut at = 0;
     seqs.iter()
