@@ -174,39 +174,52 @@ pub struct Linear {
 #[derive(Debug, Clone)]
 enum Kernel {
     Candle(QMatMul),
-    /// A quantized CPU matrix and the kernel for its type that reads it in place
-    /// ([`compact_matmul`]).
-    Compact(Arc<QTensor>, BlockMatmul),
+    /// A quantized CPU matrix our kernels ([`crate::kernels`]) read in place.
+    Ours(Arc<QTensor>),
+    /// A quantized CPU matrix of a type ours lack, read in place by candle's unpacked kernel
+    /// for it.
+    Unpacked(Arc<QTensor>, BlockMatmul),
 }
 
 impl Kernel {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Kernel::Candle(w) => w.forward(x),
-            Kernel::Compact(w, kernel) => compact_matmul(w, *kernel, x),
+            Kernel::Ours(w) => Ok(ours(&[w], x)?.remove(0)),
+            Kernel::Unpacked(w, kernel) => {
+                let (n, k) = w.shape().dims2()?;
+                check_input(x, (n, k))?;
+                let lhs = rows(x)?;
+                let m = lhs.len() / k.max(1);
+                let mut dst = vec![0f32; m * n];
+                kernel(&w.data()?, (m, k, n), &lhs, &mut dst)?;
+                output(x, dst, n)
+            }
         }
     }
 }
 
-/// `dst = lhs · blocksᵀ` over a matrix's stored bytes of a type, `(m, k, n)`.
-type BlockMatmul = fn(GgmlDType, &[u8], (usize, usize, usize), &[f32], &mut [f32]) -> Result<()>;
+/// `dst = lhs · blocksᵀ` over a matrix's stored bytes, `(m, k, n)`.
+type BlockMatmul = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]) -> Result<()>;
 
-/// Our kernel for `dtype` ([`crate::kernels`]), on the fastest path this CPU has.
-fn our_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
-    kernels::supports(dtype)
-        .then_some(|dtype, w, mkn, x, y| kernels::matmul(Path::best(), dtype, w, mkn, x, y))
+/// Our kernels' layer for `q`, if they run its type and it is on CPU.
+fn ours_for(q: &Arc<QTensor>) -> Option<Kernel> {
+    (q.device().is_cpu() && kernels::supports(q.dtype())).then(|| Kernel::Ours(q.clone()))
 }
 
-/// Our kernel for `dtype`, else candle's unpacked one (none for float types, which compute
-/// dense).
-fn compact_kernel(dtype: GgmlDType) -> Option<BlockMatmul> {
-    our_kernel(dtype).or(match dtype {
-        GgmlDType::Q5_1 => Some(matmul_blocks::<BlockQ5_1>),
-        GgmlDType::Q2K => Some(matmul_blocks::<BlockQ2K>),
-        GgmlDType::Q3K => Some(matmul_blocks::<BlockQ3K>),
-        GgmlDType::Q5K => Some(matmul_blocks::<BlockQ5K>),
-        _ => None,
-    })
+/// Candle's unpacked kernel for `q`, for the quantized types ours lack (none for float types,
+/// which compute dense).
+fn unpacked(q: &Arc<QTensor>) -> Option<Kernel> {
+    let kernel: BlockMatmul = match q.dtype() {
+        GgmlDType::Q5_1 => matmul_blocks::<BlockQ5_1>,
+        GgmlDType::Q2K => matmul_blocks::<BlockQ2K>,
+        GgmlDType::Q3K => matmul_blocks::<BlockQ3K>,
+        GgmlDType::Q5K => matmul_blocks::<BlockQ5K>,
+        _ => return None,
+    };
+    q.device()
+        .is_cpu()
+        .then(|| Kernel::Unpacked(q.clone(), kernel))
 }
 
 fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
@@ -221,40 +234,72 @@ fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
 /// `auto`'s decode copy: the stored blocks where our kernels run them, else [`decode_copy`].
 fn stored_for_decode(w: &Weight) -> Result<Kernel> {
     match w {
-        Weight::Quantized(q) if q.device().is_cpu() => match our_kernel(q.dtype()) {
-            Some(kernel) => Ok(Kernel::Compact(q.clone(), kernel)),
-            None => decode_copy(w),
-        },
+        Weight::Quantized(q) => ours_for(q).map_or_else(|| decode_copy(w), Ok),
         w => decode_copy(w),
     }
 }
 
 /// `mixed`'s decode copy: Q8_0, on CPU through our kernel.
 fn decode_copy(w: &Weight) -> Result<Kernel> {
-    Ok(
-        match (requantize(w, GgmlDType::Q8_0)?, our_kernel(GgmlDType::Q8_0)) {
-            (Kernel::Candle(QMatMul::QTensor(q)), Some(kernel)) if q.device().is_cpu() => {
-                Kernel::Compact(q, kernel)
-            }
-            (other, _) => other,
-        },
-    )
+    Ok(match requantize(w, GgmlDType::Q8_0)? {
+        Kernel::Candle(QMatMul::QTensor(q)) => {
+            ours_for(&q).unwrap_or(Kernel::Candle(QMatMul::QTensor(q)))
+        }
+        other => other,
+    })
 }
 
-/// `x Wᵀ` for a quantized CPU matrix `w`, `(n, k)`, reading the stored blocks in place
-/// (activations quantized to 8 bits per block, as `QMatMul` does).
-fn compact_matmul(w: &QTensor, kernel: BlockMatmul, x: &Tensor) -> Result<Tensor> {
-    let (n, k) = w.shape().dims2()?;
+/// `x Wᵢᵀ` for quantized CPU matrices of our kernels' types that share the input `x`, in one
+/// [`kernels::matmul_group`] call (activations quantized to 8 bits per block, as `QMatMul`
+/// does).
+fn ours(ws: &[&QTensor], x: &Tensor) -> Result<Vec<Tensor>> {
+    let shapes = ws
+        .iter()
+        .map(|w| w.shape().dims2())
+        .collect::<Result<Vec<_>>>()?;
+    for &shape in &shapes {
+        check_input(x, shape)?;
+    }
+    let (lhs, k) = (rows(x)?, x.dim(candle_core::D::Minus1)?);
+    let m = lhs.len() / k.max(1);
+    let data = ws.iter().map(|w| w.data()).collect::<Result<Vec<_>>>()?;
+    let matrices: Vec<_> = ws
+        .iter()
+        .zip(&data)
+        .zip(&shapes)
+        .map(|((w, data), &(rows, _))| kernels::Matrix {
+            dtype: w.dtype(),
+            data,
+            rows,
+        })
+        .collect();
+    let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0f32; m * n]).collect();
+    let mut outs: Vec<&mut [f32]> = dsts.iter_mut().map(Vec::as_mut_slice).collect();
+    kernels::matmul_group(Path::best(), &matrices, (m, k), &lhs, &mut outs)?;
+    dsts.into_iter()
+        .zip(&shapes)
+        .map(|(dst, &(n, _))| output(x, dst, n))
+        .collect()
+}
+
+/// Refuses an `x` whose last axis is not the `k` of an `(n, k)` weight.
+fn check_input(x: &Tensor, (n, k): (usize, usize)) -> Result<()> {
     if x.dim(candle_core::D::Minus1)? != k {
         candle_core::bail!(
             "compact matmul: input {:?} for a ({n}, {k}) weight",
             x.dims()
         );
     }
-    let m = x.elem_count() / k;
-    let lhs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let mut dst = vec![0f32; m * n];
-    kernel(w.dtype(), &w.data()?, (m, k, n), &lhs, &mut dst)?;
+    Ok(())
+}
+
+/// `x`'s values in f32, row-major.
+fn rows(x: &Tensor) -> Result<Vec<f32>> {
+    x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+/// `dst` shaped as `x` with `n` for its last axis.
+fn output(x: &Tensor, dst: Vec<f32>, n: usize) -> Result<Tensor> {
     let mut dims = x.dims().to_vec();
     if let Some(last) = dims.last_mut() {
         *last = n;
@@ -263,7 +308,6 @@ fn compact_matmul(w: &QTensor, kernel: BlockMatmul, x: &Tensor) -> Result<Tensor
 }
 
 fn matmul_blocks<T: GgmlType>(
-    _: GgmlDType,
     data: &[u8],
     (m, k, n): (usize, usize, usize),
     lhs: &[f32],
@@ -310,8 +354,8 @@ impl Linear {
             }
             WeightFormat::Mixed => (dense(&w)?, Some(decode_copy(&w)?)),
             WeightFormat::Compact => match w {
-                Weight::Quantized(q) if q.device().is_cpu() => match compact_kernel(q.dtype()) {
-                    Some(kernel) => (Kernel::Compact(q, kernel), None),
+                Weight::Quantized(q) => match ours_for(&q).or_else(|| unpacked(&q)) {
+                    Some(kernel) => (kernel, None),
                     None => (stored(Weight::Quantized(q), dtype)?, None),
                 },
                 w => (stored(w, dtype)?, None),
@@ -330,11 +374,46 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = match &self.decode {
+        self.add_bias(self.kernel().forward(x)?)
+    }
+
+    /// `x Wᵢᵀ (+ bᵢ)` of layers that share their input (q, k and v; gate and up): one call of
+    /// our kernels for all of them where each runs ours in this phase (one wait for the pool
+    /// instead of one per matrix, the same results), else layer by layer.
+    pub fn forward_group<const N: usize>(layers: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
+        let kernels = layers.map(Linear::kernel);
+        let ours_all: Option<Vec<&QTensor>> = kernels
+            .iter()
+            .map(|k| match k {
+                Kernel::Ours(w) => Some(&**w),
+                _ => None,
+            })
+            .collect();
+        let ys = match ours_all {
+            Some(ws) => ours(&ws, x)?,
+            None => kernels
+                .iter()
+                .map(|k| k.forward(x))
+                .collect::<Result<_>>()?,
+        };
+        let ys = layers
+            .iter()
+            .zip(ys)
+            .map(|(l, y)| l.add_bias(y))
+            .collect::<Result<Vec<_>>>()?;
+        <[Tensor; N]>::try_from(ys)
+            .map_err(|ys| candle_core::Error::Msg(format!("{} outputs of {N} layers", ys.len())))
+    }
+
+    /// The kernel of this phase.
+    fn kernel(&self) -> &Kernel {
+        match &self.decode {
             Some(decode) if DECODING.get() => decode,
             _ => &self.prefill,
-        };
-        let y = w.forward(x)?;
+        }
+    }
+
+    fn add_bias(&self, y: Tensor) -> Result<Tensor> {
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -426,6 +505,38 @@ mod tests {
         assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
         assert!(std::panic::catch_unwind(|| decoding(|| panic!("in a decode step"))).is_err());
         assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
+        Ok(())
+    }
+
+    /// A group of layers gives each layer's own result: in one kernel call where all run ours
+    /// (decode; biases added after), layer by layer where one does not (prefill's dense copies;
+    /// candle's unpacked kernel for a type ours lack).
+    #[test]
+    fn a_group_of_layers_gives_each_layers_result() -> Result<()> {
+        let layer = |dtype, n, format, bias: bool| -> Result<Linear> {
+            let dense = Tensor::randn(0f32, 1.0, (n, 256), &Device::Cpu)?;
+            let w = Weight::Quantized(Arc::new(QTensor::quantize(&dense, dtype)?));
+            let b = bias
+                .then(|| Tensor::randn(0f32, 1.0, n, &Device::Cpu))
+                .transpose()?;
+            Linear::new(w, b, format, DType::F32)
+        };
+        let q = layer(GgmlDType::Q4_1, 64, WeightFormat::Auto, true)?;
+        let k = layer(GgmlDType::Q4K, 20, WeightFormat::Auto, false)?;
+        let v = layer(GgmlDType::Q5K, 12, WeightFormat::Compact, true)?;
+        let x = Tensor::randn(0f32, 1.0, (1, 3, 256), &Device::Cpu)?;
+        let same = |a: &Tensor, b: &Tensor| -> Result<bool> {
+            Ok(a.dims() == b.dims() && a.sub(b)?.abs()?.max_all()?.to_scalar::<f32>()? == 0.0)
+        };
+        for phase in [prefilling::<Result<()>>, decoding] {
+            phase(|| {
+                let [yq, yk] = Linear::forward_group([&q, &k], &x)?;
+                assert!(same(&yq, &q.forward(&x)?)? && same(&yk, &k.forward(&x)?)?);
+                let [yq, yv] = Linear::forward_group([&q, &v], &x)?;
+                assert!(same(&yq, &q.forward(&x)?)? && same(&yv, &v.forward(&x)?)?);
+                Ok(())
+            })?;
+        }
         Ok(())
     }
 }

@@ -233,3 +233,48 @@ fn k_quant_rows_must_be_whole_super_blocks() {
         }
     }
 }
+
+/// A group computes each matrix as it is computed alone, bit for bit, whatever its types and
+/// row counts (K-quants and 32-value types together, so both kinds of activations), on every
+/// path, for one activation row and several.
+#[test]
+fn a_group_equals_its_matrices_alone() {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let k = 512;
+    let shapes = [
+        (GgmlDType::Q4_1, 64),
+        (GgmlDType::Q4K, 21),
+        (GgmlDType::Q8_0, 7),
+        (GgmlDType::Q6K, 100),
+        (GgmlDType::Q5_0, 36),
+    ];
+    let qs: Vec<QTensor> = shapes
+        .iter()
+        .map(|&(dtype, n)| {
+            let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
+            QTensor::quantize(&w, dtype).unwrap()
+        })
+        .collect();
+    let data: Vec<_> = qs.iter().map(|q| q.data().unwrap()).collect();
+    let matrices: Vec<kernels::Matrix> = shapes
+        .iter()
+        .zip(&data)
+        .map(|(&(dtype, rows), data)| kernels::Matrix { dtype, data, rows })
+        .collect();
+    for m in [1, 3, 11] {
+        let x = rng.matrix(m, k);
+        for path in Path::available() {
+            let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(_, n)| vec![0f32; m * n]).collect();
+            let mut outs: Vec<&mut [f32]> = dsts.iter_mut().map(Vec::as_mut_slice).collect();
+            kernels::matmul_group(path, &matrices, (m, k), &x, &mut outs).unwrap();
+            for ((q, &(dtype, n)), got) in qs.iter().zip(&shapes).zip(&dsts) {
+                let alone = ours(path, q, (m, k, n), &x);
+                assert_eq!(got, &alone, "{dtype:?} {path:?} m = {m}");
+            }
+        }
+    }
+    let err = kernels::matmul_group(Path::Scalar, &matrices, (1, k), &[0.0; 512], &mut [])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("5 matrices and 0 outputs"), "{err}");
+}

@@ -7,7 +7,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2::Avx2, avx512::Avx512, Tile};
-use super::{f16_bytes, Activations, Block, BlockQ8, GgmlDType, BLOCK};
+use super::{f16_bytes, Activations, Block, BlockQ8, Quantized, BLOCK};
 
 /// Values per K-quant super-block.
 pub(super) const QK_K: usize = 256;
@@ -55,6 +55,10 @@ impl Activations for BlockQ8K {
             blocks.push(block);
         }
         blocks
+    }
+
+    fn of(x: &Quantized) -> &[BlockQ8K] {
+        &x.q8k
     }
 }
 
@@ -122,7 +126,6 @@ pub(super) fn scales_mins(s: &[u8; 12]) -> ([u8; SUBS], [u8; SUBS]) {
 }
 
 impl Block for BlockQ5_0 {
-    const DTYPE: GgmlDType = GgmlDType::Q5_0;
     type X = BlockQ8;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32 {
         dot_q5_0(w, x)
@@ -142,7 +145,6 @@ impl Block for BlockQ5_0 {
 }
 
 impl Block for BlockQ4K {
-    const DTYPE: GgmlDType = GgmlDType::Q4K;
     const VALUES: usize = QK_K;
     type X = BlockQ8K;
     fn dot_scalar(w: &[Self], x: &[BlockQ8K]) -> f32 {
@@ -155,7 +157,6 @@ impl Block for BlockQ4K {
 }
 
 impl Block for BlockQ6K {
-    const DTYPE: GgmlDType = GgmlDType::Q6K;
     const VALUES: usize = QK_K;
     type X = BlockQ8K;
     fn dot_scalar(w: &[Self], x: &[BlockQ8K]) -> f32 {

@@ -75,23 +75,12 @@ impl Path {
 
 /// Whether [`matmul`] has a kernel for `dtype`.
 pub fn supports(dtype: GgmlDType) -> bool {
-    matches!(
-        dtype,
-        GgmlDType::Q4_0
-            | GgmlDType::Q4_1
-            | GgmlDType::Q8_0
-            | GgmlDType::Q5_0
-            | GgmlDType::Q4K
-            | GgmlDType::Q6K
-    )
+    Kind::of(dtype).is_some()
 }
 
 /// `dst = lhs · Wᵀ`: `lhs` is `(m, k)` row-major f32, `data` the stored bytes of a `(n, k)`
 /// matrix of `dtype`, `dst` is `(m, n)`. Runs on the current rayon pool, split over chunks of
-/// weight rows ([`split`]) however many activation rows there are.
-///
-/// Allocates the quantized activations on every call, and a transposed result for several
-/// rows (reused buffers are a later step).
+/// weight rows however many activation rows there are.
 pub fn matmul(
     path: Path,
     dtype: GgmlDType,
@@ -100,24 +89,243 @@ pub fn matmul(
     lhs: &[f32],
     dst: &mut [f32],
 ) -> Result<()> {
+    let matrix = Matrix {
+        dtype,
+        data,
+        rows: n,
+    };
+    matmul_group(path, &[matrix], (m, k), lhs, &mut [dst])
+}
+
+/// One matrix of a [`matmul_group`]: its type, its stored bytes, its row count.
+#[derive(Debug, Clone, Copy)]
+pub struct Matrix<'a> {
+    pub dtype: GgmlDType,
+    pub data: &'a [u8],
+    pub rows: usize,
+}
+
+/// `dsts[i] = lhs · Wᵢᵀ` for matrices that share their input (q, k and v; gate and up), each
+/// `dsts[i]` `(m, rows)`. The activations are quantized once per block type and the rows of
+/// all the matrices split in one parallel region: a decode step waits for the pool once for
+/// the group, not once per matrix. Each result is the one [`matmul`] gives alone, bit for bit.
+///
+/// Allocates the quantized activations on every call, and a transposed result for several
+/// rows (reused buffers are a later step).
+pub fn matmul_group(
+    path: Path,
+    matrices: &[Matrix<'_>],
+    (m, k): (usize, usize),
+    lhs: &[f32],
+    dsts: &mut [&mut [f32]],
+) -> Result<()> {
     if k == 0 || k % BLOCK != 0 {
         bail!("quantized matmul: rows of {k} values are not a multiple of {BLOCK}");
     }
-    if lhs.len() != m * k || dst.len() != m * n {
+    if matrices.len() != dsts.len() {
         bail!(
-            "quantized matmul: {} inputs and {} outputs for (m, k, n) = ({m}, {k}, {n})",
-            lhs.len(),
-            dst.len()
+            "quantized matmul: {} matrices and {} outputs",
+            matrices.len(),
+            dsts.len()
         );
     }
-    match dtype {
-        GgmlDType::Q4_0 => run::<BlockQ4_0>(path, data, (k, n), lhs, dst),
-        GgmlDType::Q4_1 => run::<BlockQ4_1>(path, data, (k, n), lhs, dst),
-        GgmlDType::Q8_0 => run::<BlockQ8_0>(path, data, (k, n), lhs, dst),
-        GgmlDType::Q5_0 => run::<kquants::BlockQ5_0>(path, data, (k, n), lhs, dst),
-        GgmlDType::Q4K => run::<kquants::BlockQ4K>(path, data, (k, n), lhs, dst),
-        GgmlDType::Q6K => run::<kquants::BlockQ6K>(path, data, (k, n), lhs, dst),
-        _ => bail!("quantized matmul: no kernel for {dtype:?}"),
+    let mut kinds = Vec::with_capacity(matrices.len());
+    for (matrix, dst) in matrices.iter().zip(dsts.iter()) {
+        let n = matrix.rows;
+        if lhs.len() != m * k || dst.len() != m * n {
+            bail!(
+                "quantized matmul: {} inputs and {} outputs for (m, k, n) = ({m}, {k}, {n})",
+                lhs.len(),
+                dst.len()
+            );
+        }
+        kinds.push(Kind::checked(matrix, k)?);
+    }
+    let cpu = Cpu::of(path)?;
+    let x = Quantized::of(path, lhs, &kinds);
+    // Several activation rows are computed as `dstᵀ` (each weight block read once for all of
+    // them) and transposed after; one row needs neither.
+    let mut transposed: Vec<Vec<f32>> = match m {
+        1 => Vec::new(),
+        _ => dsts.iter().map(|d| vec![0f32; d.len()]).collect(),
+    };
+    let outs: Vec<&mut [f32]> = match m {
+        1 => dsts.iter_mut().map(|d| &mut **d).collect(),
+        _ => transposed.iter_mut().map(Vec::as_mut_slice).collect(),
+    };
+    let items = work(matrices, &kinds, outs, (m, k));
+    items
+        .into_par_iter()
+        .for_each(|(kind, data, out)| (kind.chunk)(cpu, data, &x, k, out));
+    for (t, dst) in transposed.iter().zip(dsts.iter_mut()) {
+        let n = t.len() / m;
+        for (j, column) in t.chunks_exact(m).enumerate() {
+            for (r, v) in column.iter().enumerate() {
+                dst[r * n + j] = *v;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A chunk of weight rows to compute: its kernel, its bytes, its part of the output.
+type Item<'a, 'o> = (Kind, &'a [u8], &'o mut [f32]);
+
+/// The group's rows in chunks, a few per thread, each a whole number of [`WROWS`] tiles from
+/// its matrix's start: a row's tile is the same however the group is split, and so its result.
+fn work<'a, 'o>(
+    matrices: &[Matrix<'a>],
+    kinds: &[Kind],
+    outs: Vec<&'o mut [f32]>,
+    (m, k): (usize, usize),
+) -> Vec<Item<'a, 'o>> {
+    let total: usize = matrices.iter().map(|w| w.rows).sum();
+    let chunk = total
+        .div_ceil(4 * rayon::current_num_threads())
+        .max(16)
+        .next_multiple_of(WROWS);
+    let mut items = Vec::new();
+    for ((matrix, kind), out) in matrices.iter().zip(kinds).zip(outs) {
+        let row_bytes = k / kind.values * kind.block_bytes;
+        let chunks = matrix
+            .data
+            .chunks(chunk * row_bytes)
+            .zip(out.chunks_mut(chunk * m));
+        items.extend(chunks.map(|(data, out)| (*kind, data, out)));
+    }
+    items
+}
+
+/// A weight type's shape and the function that computes a chunk of its rows.
+#[derive(Clone, Copy)]
+struct Kind {
+    /// Weights per block.
+    values: usize,
+    block_bytes: usize,
+    /// Whether its activations are [`kquants::BlockQ8K`] rather than [`BlockQ8`].
+    super_blocks: bool,
+    chunk: fn(Cpu, &[u8], &Quantized, usize, &mut [f32]),
+}
+
+impl Kind {
+    fn of(dtype: GgmlDType) -> Option<Kind> {
+        Some(match dtype {
+            GgmlDType::Q4_0 => Kind::new::<BlockQ4_0>(),
+            GgmlDType::Q4_1 => Kind::new::<BlockQ4_1>(),
+            GgmlDType::Q8_0 => Kind::new::<BlockQ8_0>(),
+            GgmlDType::Q5_0 => Kind::new::<kquants::BlockQ5_0>(),
+            GgmlDType::Q4K => Kind::new::<kquants::BlockQ4K>(),
+            GgmlDType::Q6K => Kind::new::<kquants::BlockQ6K>(),
+            _ => return None,
+        })
+    }
+
+    fn new<W: Block>() -> Kind {
+        Kind {
+            values: W::VALUES,
+            block_bytes: std::mem::size_of::<W>(),
+            super_blocks: W::X::VALUES != BLOCK,
+            chunk: chunk::<W>,
+        }
+    }
+
+    /// The kind of `matrix`, whose rows of `k` values must be whole blocks of its type.
+    fn checked(matrix: &Matrix<'_>, k: usize) -> Result<Kind> {
+        let (dtype, n) = (matrix.dtype, matrix.rows);
+        let Some(kind) = Kind::of(dtype) else {
+            bail!("quantized matmul: no kernel for {dtype:?}");
+        };
+        if !k.is_multiple_of(kind.values) {
+            bail!(
+                "quantized matmul: rows of {k} values are not whole {dtype:?} blocks of {}",
+                kind.values
+            );
+        }
+        if matrix.data.len() != n * (k / kind.values) * kind.block_bytes {
+            bail!(
+                "quantized matmul: {} bytes are not a ({n}, {k}) {dtype:?} matrix",
+                matrix.data.len()
+            );
+        }
+        Ok(kind)
+    }
+}
+
+/// A [`Path`] this CPU was checked to run.
+#[derive(Clone, Copy)]
+enum Cpu {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(avx2::Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(avx512::Avx512),
+}
+
+impl Cpu {
+    fn of(path: Path) -> Result<Cpu> {
+        Ok(match path {
+            Path::Scalar => Cpu::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => match avx2::Avx2::detect() {
+                Some(cpu) => Cpu::Avx2(cpu),
+                None => bail!("quantized matmul: this CPU has no AVX2, FMA and F16C"),
+            },
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 => match avx512::Avx512::detect() {
+                Some(cpu) => Cpu::Avx512(cpu),
+                None => bail!("quantized matmul: this CPU has no AVX-512 F, BW and VNNI"),
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            Path::Avx2 | Path::Avx512 => {
+                bail!("quantized matmul: {path:?} exists only on x86_64")
+            }
+        })
+    }
+}
+
+/// A group's activations, quantized for each block size its matrices take (empty if none).
+struct Quantized {
+    q8: Vec<BlockQ8>,
+    q8k: Vec<kquants::BlockQ8K>,
+}
+
+impl Quantized {
+    fn of(path: Path, lhs: &[f32], kinds: &[Kind]) -> Quantized {
+        let wants = |super_blocks: bool| kinds.iter().any(|k| k.super_blocks == super_blocks);
+        Quantized {
+            q8: if wants(false) {
+                quantize(path, lhs)
+            } else {
+                Vec::new()
+            },
+            q8k: if wants(true) {
+                quantize(path, lhs)
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// Computes the rows of type `W` in `data` (whole rows of `k` values) into `out`.
+fn chunk<W: Block>(cpu: Cpu, data: &[u8], x: &Quantized, k: usize, out: &mut [f32]) {
+    // SAFETY: `W` is a `repr(C)` struct of byte arrays (alignment 1, no padding, any bit
+    // pattern valid), and `data` is whole blocks of it ([`Kind::checked`], [`work`]).
+    let w = unsafe {
+        std::slice::from_raw_parts(data.as_ptr().cast::<W>(), data.len() / size_of::<W>())
+    };
+    let x = W::X::of(x);
+    let blocks = (k / W::VALUES, k / W::X::VALUES);
+    match cpu {
+        Cpu::Scalar => tile(w, x, blocks, out, pairwise(W::dot_scalar)),
+        #[cfg(target_arch = "x86_64")]
+        Cpu::Avx2(cpu) => tile(w, x, blocks, out, |w, wb, xs, out| {
+            W::tile_avx2(cpu, w, wb, xs, out)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        Cpu::Avx512(cpu) => tile(w, x, blocks, out, |w, wb, xs, out| {
+            W::dot_avx512(cpu, w, wb, xs, out)
+        }),
     }
 }
 
@@ -163,11 +371,12 @@ trait Activations: Sized + Sync {
     /// `lhs`, whole blocks, quantized. Inlined into [`quantize`], which compiles it with the
     /// path's target features.
     fn blocks(lhs: &[f32]) -> Vec<Self>;
+    /// This block size's activations of a group.
+    fn of(x: &Quantized) -> &[Self];
 }
 
 /// A weight block type and its dot product with quantized activations, one row of each.
 trait Block: Sized + Sync {
-    const DTYPE: GgmlDType;
     /// Weights per block: [`BLOCK`], or 256 for the K-quants' super-blocks. A dot product gets
     /// `VALUES / X::VALUES` activation blocks per weight block.
     const VALUES: usize = BLOCK;
@@ -190,7 +399,6 @@ trait Block: Sized + Sync {
 }
 
 impl Block for BlockQ4_0 {
-    const DTYPE: GgmlDType = GgmlDType::Q4_0;
     type X = BlockQ8;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32 {
         scalar::dot_q4_0(w, x)
@@ -210,7 +418,6 @@ impl Block for BlockQ4_0 {
 }
 
 impl Block for BlockQ4_1 {
-    const DTYPE: GgmlDType = GgmlDType::Q4_1;
     type X = BlockQ8;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32 {
         scalar::dot_q4_1(w, x)
@@ -230,7 +437,6 @@ impl Block for BlockQ4_1 {
 }
 
 impl Block for BlockQ8_0 {
-    const DTYPE: GgmlDType = GgmlDType::Q8_0;
     type X = BlockQ8;
     fn dot_scalar(w: &[Self], x: &[BlockQ8]) -> f32 {
         scalar::dot_q8_0(w, x)
@@ -253,62 +459,12 @@ fn f16_bytes(d: [u8; 2]) -> f32 {
     f16::from_le_bytes(d).to_f32()
 }
 
-fn run<W: Block>(
-    path: Path,
-    data: &[u8],
-    (k, n): (usize, usize),
-    lhs: &[f32],
-    dst: &mut [f32],
-) -> Result<()> {
-    if k % W::VALUES != 0 {
-        bail!(
-            "quantized matmul: rows of {k} values are not whole {:?} blocks of {}",
-            W::DTYPE,
-            W::VALUES
-        );
-    }
-    let kb = k / W::VALUES;
-    let size = std::mem::size_of::<W>();
-    if data.len() != n * kb * size {
-        bail!(
-            "quantized matmul: {} bytes are not a ({n}, {k}) {:?} matrix",
-            data.len(),
-            W::DTYPE
-        );
-    }
-    // SAFETY: `W` is a `repr(C)` struct of byte arrays (alignment 1, no padding, any bit
-    // pattern valid), and `data` holds exactly `n * kb` of them (checked above).
-    let w = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<W>(), n * kb) };
-    let x = quantize::<W::X>(path, lhs);
-    let blocks = (kb, k / W::X::VALUES);
-    match path {
-        Path::Scalar => split(w, &x, blocks, dst, pairwise(W::dot_scalar)),
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => match avx2::Avx2::detect() {
-            Some(cpu) => split(w, &x, blocks, dst, |w, wb, xs, out| {
-                W::tile_avx2(cpu, w, wb, xs, out)
-            }),
-            None => bail!("quantized matmul: this CPU has no AVX2, FMA and F16C"),
-        },
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => match avx512::Avx512::detect() {
-            Some(cpu) => split(w, &x, blocks, dst, |w, wb, xs, out| {
-                W::dot_avx512(cpu, w, wb, xs, out)
-            }),
-            None => bail!("quantized matmul: this CPU has no AVX-512 F, BW and VNNI"),
-        },
-        #[cfg(not(target_arch = "x86_64"))]
-        Path::Avx2 | Path::Avx512 => bail!("quantized matmul: {path:?} exists only on x86_64"),
-    }
-    Ok(())
-}
-
 /// What computes a tile: weight rows of `wb` blocks against activation rows, `out[j][r]`.
-trait TileDot<W, X>: Fn(&[W], usize, &[&[X]], &mut Tile) + Sync {}
-impl<W, X, F: Fn(&[W], usize, &[&[X]], &mut Tile) + Sync> TileDot<W, X> for F {}
+trait TileDot<W, X>: Fn(&[W], usize, &[&[X]], &mut Tile) {}
+impl<W, X, F: Fn(&[W], usize, &[&[X]], &mut Tile)> TileDot<W, X> for F {}
 
 /// A one-row dot product applied to each (weight row, activation row) pair of a tile.
-fn pairwise<W, X>(dot: impl Fn(&[W], &[X]) -> f32 + Sync) -> impl TileDot<W, X> {
+fn pairwise<W, X>(dot: impl Fn(&[W], &[X]) -> f32) -> impl TileDot<W, X> {
     move |w, wb, xs, out| {
         for (w, out) in w.chunks_exact(wb).zip(out.iter_mut()) {
             for (x, out) in xs.iter().zip(out.iter_mut()) {
@@ -365,40 +521,9 @@ impl Activations for BlockQ8 {
         }
         blocks
     }
-}
 
-/// Fills `dst` (`(m, n)`) in parallel over chunks of weight rows, a few per thread, so that
-/// the weights are read once however many activation rows there are. A weight row is `wb`
-/// blocks, an activation row `xb`. Several rows are computed as `dstᵀ` and transposed (one
-/// row needs neither).
-fn split<W: Sync, X: Sync>(
-    w: &[W],
-    x: &[X],
-    (wb, xb): (usize, usize),
-    dst: &mut [f32],
-    dot: impl TileDot<W, X>,
-) {
-    let m = x.len() / xb;
-    let n = w.len() / wb;
-    if m == 0 || n == 0 {
-        return;
-    }
-    let chunk = n.div_ceil(4 * rayon::current_num_threads()).max(16);
-    let fill = |out: &mut [f32]| {
-        out.par_chunks_mut(chunk * m)
-            .zip(w.par_chunks(chunk * wb))
-            .for_each(|(out, w)| tile(w, x, (wb, xb), out, &dot));
-    };
-    if m == 1 {
-        fill(dst);
-    } else {
-        let mut transposed = vec![0f32; n * m];
-        fill(&mut transposed);
-        for (j, column) in transposed.chunks_exact(m).enumerate() {
-            for (r, v) in column.iter().enumerate() {
-                dst[r * n + j] = *v;
-            }
-        }
+    fn of(x: &Quantized) -> &[BlockQ8] {
+        &x.q8
     }
 }
 
@@ -409,7 +534,7 @@ fn tile<W, X>(
     x: &[X],
     (wb, xb): (usize, usize),
     out: &mut [f32],
-    dot: &impl TileDot<W, X>,
+    dot: impl TileDot<W, X>,
 ) {
     let m = x.len() / xb;
     for (w, out) in w.chunks(WROWS * wb).zip(out.chunks_mut(WROWS * m)) {

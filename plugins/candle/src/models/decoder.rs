@@ -44,7 +44,7 @@ pub enum Qkv {
 impl Qkv {
     fn forward(&self, x: &Tensor, q_width: usize, kv_width: usize) -> Result<[Tensor; 3]> {
         match self {
-            Qkv::Separate { q, k, v } => Ok([q.forward(x)?, k.forward(x)?, v.forward(x)?]),
+            Qkv::Separate { q, k, v } => Linear::forward_group([q, k, v], x),
             Qkv::Fused(qkv) => {
                 let y = qkv.forward(x)?;
                 Ok([
@@ -77,7 +77,10 @@ pub struct Block {
 impl Block {
     fn mlp(&self, x: &Tensor, ffn: usize) -> Result<Tensor> {
         let (gate, up) = match &self.gate_up {
-            GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
+            GateUp::Separate { gate, up } => {
+                let [gate, up] = Linear::forward_group([gate, up], x)?;
+                (gate, up)
+            }
             GateUp::Fused(gate_up) => {
                 let y = gate_up.forward(x)?;
                 (y.narrow(2, 0, ffn)?, y.narrow(2, ffn, ffn)?)

@@ -176,9 +176,10 @@ impl Gemma3 {
             };
             t.transpose(1, 2)
         };
-        let q = rope.apply(&heads(b.q.forward(x)?, nh, Some(&b.q_norm))?)?;
-        let k = rope.apply(&heads(b.k.forward(x)?, kvh, Some(&b.k_norm))?)?;
-        let v = heads(b.v.forward(x)?, kvh, None)?.contiguous()?;
+        let [q, k, v] = Linear::forward_group([&b.q, &b.k, &b.v], x)?;
+        let q = rope.apply(&heads(q, nh, Some(&b.q_norm))?)?;
+        let k = rope.apply(&heads(k, kvh, Some(&b.k_norm))?)?;
+        let v = heads(v, kvh, None)?.contiguous()?;
         let y = attend_packed(
             self.attention.as_ref(),
             layer,
@@ -193,8 +194,8 @@ impl Gemma3 {
 
     fn mlp(b: &Block, x: &Tensor) -> Result<Tensor> {
         // Tensor::gelu is the tanh approximation (Transformers' `gelu_pytorch_tanh`).
-        let gate = b.gate.forward(x)?.gelu()?;
-        b.down.forward(&(gate * b.up.forward(x)?)?)
+        let [gate, up] = Linear::forward_group([&b.gate, &b.up], x)?;
+        b.down.forward(&(gate.gelu()? * up)?)
     }
 
     /// The scaled input embeddings of `ids`, `(1, ids.len(), h)`.
