@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{Avx2, Kind, Nibbles};
+use super::avx2::{prefetch, Avx2, Kind, Nibbles};
 use super::{BlockQ8, BlockQ8_0, Tile, ROWS, WROWS};
 
 /// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C: only
@@ -129,6 +129,7 @@ fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile
     let offset = W::KIND.quarter_offset();
     let mut acc = [_mm512_setzero_ps(); ROWS];
     for i in 0..wb {
+        rows.iter().for_each(|row| prefetch(&row[i]));
         let blocks = rows.map(|row| row[i].parts());
         // SAFETY: each block's nibbles are 16 bytes.
         let q = unsafe { lanes(blocks.map(|b| b.0.as_ptr())) };
@@ -172,6 +173,7 @@ fn dot_q8_0(w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
     let ones = _mm512_set1_epi8(1);
     let mut acc = [_mm512_setzero_ps(); ROWS];
     for i in 0..wb {
+        rows.iter().for_each(|row| prefetch(&row[i]));
         let blocks = rows.map(|row| &row[i]);
         // SAFETY: each block's values are 32 bytes, read as two halves of 16.
         let (lo, hi) = unsafe {
