@@ -1,7 +1,8 @@
 //! What continuous batching buys on SmolLM2, without a server in the way:
 //! 1. one packed pass of N decode rows (each sequence after its own prompt, the passes in a
-//!    rayon pool as the backend runs them) timed against N = 1: decode is memory-bound, so a pass of 8 rows should cost far less than 8
-//!    single-row passes, and the "vs N x 1" column says how far;
+//!    rayon pool as the backend runs them) timed against N = 1: decode is memory-bound, so a
+//!    pass of 8 rows should cost far less than 8 single-row passes, and the "vs N x 1" column
+//!    says how far;
 //! 2. N threads generating at once through the backend (as `serve`'s workers do): aggregate
 //!    tokens/s against one thread's, and the mean rows per decode pass the batcher formed.
 //!
