@@ -142,6 +142,9 @@ pub fn matmul_group(
         kinds.push(Kind::checked(matrix, k)?);
     }
     let cpu = Cpu::of(path)?;
+    if m == 0 {
+        return Ok(());
+    }
     let x = Quantized::of(path, lhs, &kinds);
     // Several activation rows are computed as `dstᵀ` (each weight block read once for all of
     // them) and transposed after; one row needs neither.
