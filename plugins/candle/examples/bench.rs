@@ -3,10 +3,11 @@
 //! has llama-cpp-python (`scripts/setup-llama-cpp`), llama.cpp (`scripts/llama-cpp-speed.py`)
 //! fed the same token ids, and for SmolLM2 the onnx backend on its ONNX export (`onnx_speed`,
 //! when `scripts/setup-onnx` has run and the example is built beside this one) in f32.
-//! Every row is measured once (after an untimed warm-up), all rows of a table in the same minutes,
-//! so a busy machine slows them alike. Prints figures; asserts nothing. candle-transformers
-//! 0.11.1's `quantized_gemma3` fails any multi-token pass after position 0 (its mask joins f32
-//! to u32), so its chunked prefills show `-` with the error noted under the table.
+//! Every row is measured once (after an untimed warm-up), all rows of a table in the same
+//! minutes, so a busy machine slows them alike. Prints figures; asserts nothing.
+//! candle-transformers 0.11.1's `quantized_gemma3` fails any multi-token pass after position 0
+//! (its mask joins f32 to u32), so its chunked prefills show `-` with the error noted under
+//! the table.
 //!
 //! `cargo run --release --example bench` (after `scripts/fetch-models`). Environment:
 //! `BENCH_MODELS=smollm2,gemma3`, `BENCH_THREADS=all` (or a list: `1,all`), `BENCH_PREFILL=128`
