@@ -3,8 +3,10 @@
 //! has llama-cpp-python (`scripts/setup-llama-cpp`), llama.cpp (`scripts/llama-cpp-speed.py`)
 //! fed the same token ids, and for SmolLM2 the onnx backend on its ONNX export (`onnx_speed`,
 //! when `scripts/setup-onnx` has run and the example is built beside this one) in f32.
-//! Every row is measured once (after an untimed warm-up), all rows of a table in the same
-//! minutes, so a busy machine slows them alike. Prints figures; asserts nothing.
+//! Our prefill runs as a generation's prompt does (`Engine::prompting`: `auto` through the
+//! stored blocks where the CPU has AVX-512 VNNI; the `f32` row is what scoring runs). Every
+//! row is measured once (after an untimed warm-up), all rows of a table in the same minutes,
+//! so a busy machine slows them alike. Prints figures; asserts nothing.
 //! candle-transformers 0.11.1's `quantized_gemma3` fails any multi-token pass after position 0
 //! (its mask joins f32 to u32), so its chunked prefills show `-` with the error noted under
 //! the table.
@@ -118,12 +120,13 @@ impl Runner for Ours {
     }
     fn step(&mut self, ids: &[u32]) -> anyhow::Result<u32> {
         let model = &self.engine.model;
-        let mut pass = || model.forward(ids, &mut self.kv, Logits::Last, false);
-        // One id is a decode step, run as the engine's sampling loop runs it.
+        let pass = || model.forward(ids, &mut self.kv, Logits::Last, false);
+        // One id is a decode step, run as the engine's sampling loop runs it; more, a
+        // generation's prompt.
         let out = if ids.len() == 1 {
-            lmhost_candle::weights::decoding(pass)?
+            lmhost_candle::weights::generating(pass)?
         } else {
-            pass()?
+            self.engine.prompting(pass)?
         };
         let logits = out.logits.context("no logits")?;
         Ok(argmax(&logits.to_vec2::<f32>()?[0]))

@@ -385,7 +385,7 @@ pub fn decode_pass<'a>(
             sampled: true,
         })
         .collect();
-    weights::decoding(|| model.forward_packed(&mut seqs, false)).map(|(logits, _)| logits)
+    weights::generating(|| model.forward_packed(&mut seqs, false)).map(|(logits, _)| logits)
 }
 
 #[cfg(test)]

@@ -88,6 +88,34 @@ struct Ran {
 pub struct Engine {
     pub model: Box<dyn CausalLm>,
     pub front: TextFrontEnd,
+    /// Generations' prompts run through the decode copies ([`weights::stored_prompts`]).
+    stored_prompts: bool,
+}
+
+/// A prefix store as prompts run through the decode copies see it: their states under keys of
+/// their own (each token id with its top bit set, which no vocabulary reaches), so a score
+/// never starts from a state computed with other weights, and such a prompt starts only from
+/// its own kind's (its result never depends on what ran before it). One budget for both kinds.
+struct Apart<'a>(&'a mut dyn PrefixStore<KvState>);
+
+impl Apart<'_> {
+    fn keys(tokens: &[u32]) -> Vec<u32> {
+        tokens.iter().map(|t| t | 1 << 31).collect()
+    }
+}
+
+impl PrefixStore<KvState> for Apart<'_> {
+    fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)> {
+        self.0.lookup(&Apart::keys(tokens), shared)
+    }
+
+    fn store(&mut self, tokens: &[u32], state: KvState) {
+        self.0.store(&Apart::keys(tokens), state)
+    }
+
+    fn peek(&self, tokens: &[u32]) -> usize {
+        self.0.peek(&Apart::keys(tokens))
+    }
 }
 
 fn internal(e: candle_core::Error) -> PluginError {
@@ -111,6 +139,7 @@ impl Engine {
             tokenizer,
             chat_template: template,
             eos_ids,
+            stored_prompts,
         } = loaded;
         let front = TextFrontEnd::new(
             tokenizer,
@@ -120,7 +149,20 @@ impl Engine {
             (max_context, model.max_context()),
             model_id,
         )?;
-        Ok(Engine { model, front })
+        Ok(Engine {
+            model,
+            front,
+            stored_prompts,
+        })
+    }
+
+    /// Runs `f` as a generation's prompt runs: through the decode copies where
+    /// [`weights::stored_prompts`] chose them.
+    pub fn prompting<T>(&self, f: impl FnOnce() -> T) -> T {
+        match self.stored_prompts {
+            true => weights::generating(f),
+            false => f(),
+        }
     }
 
     fn forward(
@@ -379,8 +421,20 @@ impl Engine {
                 })
             })
             .collect::<Result<Vec<Item>, PluginError>>()?;
+        self.prompting(|| match store {
+            Some(store) if self.stored_prompts => self.started(&items, Some(&mut Apart(store))),
+            store => self.started(&items, store),
+        })
+    }
+
+    /// Runs generations' prompts (see [`Engine::start_batch`]).
+    fn started(
+        &self,
+        items: &[Item],
+        store: Option<&mut dyn PrefixStore<KvState>>,
+    ) -> Result<Vec<Started>, PluginError> {
         let mut started = Vec::with_capacity(items.len());
-        self.run(&items, store, |item, Ran { kv, reused, logits }| {
+        self.run(items, store, |item, Ran { kv, reused, logits }| {
             started.push(Started {
                 prompt_len: item.prompt_len,
                 kv,
@@ -427,7 +481,7 @@ impl Engine {
 
     /// One decode step on its own: `token` after `kv`, the next token's logits.
     fn decode_step(&self, token: u32, kv: &mut KvState) -> Result<Vec<f32>, PluginError> {
-        let out = weights::decoding(|| self.forward(&[token], kv, Logits::Last))?;
+        let out = weights::generating(|| self.forward(&[token], kv, Logits::Last))?;
         let logits = out
             .logits
             .ok_or_else(|| PluginError::internal("no logits"))?;

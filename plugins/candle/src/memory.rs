@@ -151,6 +151,11 @@ impl WeightBytes {
         }
     }
 
+    /// Whether any matrix is stored quantized.
+    pub fn quantized(&self) -> bool {
+        self.quantized_values > 0
+    }
+
     /// Counts a dense tensor of `values` values.
     pub fn add_dense(&mut self, values: usize) {
         self.values += values as u64;

@@ -639,3 +639,56 @@ fn a_sampled_prompt_row_takes_the_decode_output_layer() {
         }
     }
 }
+
+/// With `auto` on a CPU whose kernels have AVX-512 VNNI ([`stored_prompts`]), a generation's
+/// prompt runs through the decode copies (here the stored Q8_0 blocks `compact` runs, bit for
+/// bit), elsewhere through the f32 copy scoring uses. Either way a score never starts from a
+/// state such a prompt cached: after a generation of the same prompt it equals the score with
+/// the cache off, bit for bit, and where the prompts ran apart it reused nothing of theirs.
+///
+/// [`stored_prompts`]: lmhost_candle::weights::stored_prompts
+#[test]
+fn prompts_through_the_decode_copies_are_cached_apart_from_scores() {
+    use candle_core::Device;
+    use lmhost_candle::models::Logits;
+    use lmhost_candle::weights::{stored_prompts, WeightFormat};
+    use lmhost_plugin_api::KvCacheSettings;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gguf(&dir.path().join("tiny.gguf"), "llama");
+    let apart = stored_prompts(WeightFormat::Auto, true, DType::F32, &Device::Cpu);
+    println!("prompts through the decode copies: {apart}");
+    let prompt_row = |weights: &str, as_prompt: bool| -> Vec<f32> {
+        let b = backend(&path, json!({ "weights": weights }));
+        let engine = b.engine().unwrap();
+        let ids: Vec<u32> = (0..12).map(|t| (t * 5 + 2) % 40).collect();
+        let mut kv = engine.model.new_state();
+        let mut pass = || engine.model.forward(&ids, &mut kv, Logits::All, false);
+        let out = if as_prompt {
+            engine.prompting(pass)
+        } else {
+            pass()
+        };
+        out.unwrap().logits.unwrap().to_vec2::<f32>().unwrap()[0].clone()
+    };
+    let prompted = prompt_row("auto", true);
+    let expected = prompt_row(if apart { "compact" } else { "auto" }, false);
+    assert_eq!(prompted, expected);
+    assert_ne!(prompt_row("auto", false), prompt_row("compact", false));
+
+    let b = backend(&path, json!({ "weights": "auto" }));
+    let reply = b.generate(&prompt(), &greedy(4)).unwrap().text;
+    let uncached = b.score(&prompt(), &reply).unwrap();
+    let settings = |enabled| KvCacheSettings {
+        enabled,
+        max_entries: 64,
+        max_bytes: 0,
+    };
+    b.set_kv_cache(settings(true)).unwrap();
+    let first = b.generate(&prompt(), &greedy(4)).unwrap();
+    let scored = b.score(&prompt(), &reply).unwrap();
+    assert_eq!(scored.logprobs, uncached.logprobs);
+    assert_eq!(scored.cached_prompt_tokens == 0, apart);
+    let again = b.generate(&prompt(), &greedy(4)).unwrap();
+    assert!(again.cached_prompt_tokens > 0);
+    assert_eq!(again.token_ids, first.token_ids);
+}

@@ -218,7 +218,7 @@ impl PackedRows {
 /// `q`, `k`, `v` are `(1, heads, rows, head_dim)` over all rows of the pass (q and k already
 /// rotated); each sequence's keys and values are appended to its state at `layer`, after it
 /// adopts the prefix it shares with an earlier sequence. A decode pass (one row per sequence,
-/// inside [`weights::decoding`]) takes all rows in one [`Attention::forward_rows`]; every other
+/// inside [`weights::generating`]) takes all rows in one [`Attention::forward_rows`]; every other
 /// pass one `forward` per sequence, so that prompts and scores never depend on it. Returns
 /// `(1, rows, heads * head_dim)`.
 pub fn attend_packed(
@@ -232,7 +232,7 @@ pub fn attend_packed(
 ) -> Result<Tensor> {
     let (_, nh, rows, d) = q.dims4()?;
     let n_rep = nh / k.dim(1)?;
-    let decode = weights::is_decoding() && seqs.iter().all(|s| s.ids.len() == 1);
+    let decode = weights::is_generating() && seqs.iter().all(|s| s.ids.len() == 1);
     let mut outs = Vec::with_capacity(seqs.len());
     let mut states = Vec::with_capacity(seqs.len());
     let mut row = 0;
@@ -317,9 +317,9 @@ pub fn packed_logits(
     let logits = cat_rows(&wanted)?
         .map(|rows| {
             // Gemma 3's output layer is 262144 x 640: 670 MB in f32 for a prompt's one
-            // sampled row, 178 MB in its stored Q8_0.
+            // sampled row, 178 MB in its stored Q8_0 (however the prompt's other layers ran).
             let logits = if sampled {
-                crate::weights::decoding(|| head(&rows))
+                crate::weights::generating(|| head(&rows))
             } else {
                 head(&rows)
             };

@@ -216,7 +216,10 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
         Config::Llama(cfg)
     };
     let chat_template = chat_template(&text_meta, &tokenizer)?;
-    build.format = crate::memory::fit(&build, &weight_bytes(&content))?;
+    let bytes = weight_bytes(&content);
+    build.format = crate::memory::fit(&build, &bytes)?;
+    let stored_prompts =
+        crate::weights::stored_prompts(build.format, bytes.quantized(), build.dtype, &build.device);
     let mut source = GgufSource {
         arch,
         content,
@@ -232,6 +235,7 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
         chat_template,
         eos_ids: tokenizer.eog_ids().to_vec(),
         tokenizer,
+        stored_prompts,
     })
 }
 

@@ -25,6 +25,8 @@ pub struct Loaded {
     pub chat_template: Option<ChatTemplate>,
     /// Ids that end generation.
     pub eos_ids: Vec<u32>,
+    /// A generation's prompt runs through the decode copies ([`crate::weights::stored_prompts`]).
+    pub stored_prompts: bool,
 }
 
 /// Loads `model_id`: a `.gguf` file, a checkpoint directory, or else a hub id.

@@ -297,7 +297,10 @@ pub fn load(
     if let Config::Gemma3(gemma) = &cfg {
         source.gemma3_layout(gemma.multimodal, gemma.tied)?;
     }
-    build.format = crate::memory::fit(&build, &source.weight_bytes())?;
+    let bytes = source.weight_bytes();
+    build.format = crate::memory::fit(&build, &bytes)?;
+    let stored_prompts =
+        crate::weights::stored_prompts(build.format, bytes.quantized(), build.dtype, &build.device);
     let model: Box<dyn CausalLm> = match cfg {
         Config::Llama(cfg) => Box::new(Decoder::load(cfg, &mut source, build)?),
         Config::Gemma3(gemma) => Box::new(Gemma3::load(gemma.cfg, &mut source, build)?),
@@ -307,5 +310,6 @@ pub fn load(
         tokenizer: text.tokenizer,
         chat_template: text.chat_template,
         eos_ids: text.eos_ids,
+        stored_prompts,
     })
 }
