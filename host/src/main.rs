@@ -10,7 +10,7 @@ use clap::Parser;
 use commands::Cli;
 
 fn main() -> ExitCode {
-    pin_rayon_threads();
+    tune_thread_env();
     let cli = Cli::parse();
     lmhost::logging::init(cli.verbose, cli.quiet);
     match commands::run(&cli) {
@@ -30,14 +30,21 @@ fn main() -> ExitCode {
     }
 }
 
-/// Sets `RAYON_NUM_THREADS` to rayon's own default (the available parallelism) where it is
-/// unset. candle 0.11 reads it on every f32 matrix product and, when it is missing, counts the
-/// physical cores from `/proc/cpuinfo` and sysfs each time: about a fifth of a decode step on
-/// SmolLM2. Done first, while the process has one thread, so no other thread reads the
+/// Sets, where unset, what candle 0.11's CPU thread pools read from the environment (the
+/// candle plugin's `tune_thread_env`, which the host cannot call: plugins load at run time).
+/// `RAYON_NUM_THREADS` to rayon's own default (the available parallelism): candle reads it on
+/// every f32 matrix product and, when it is missing, counts the physical cores from
+/// `/proc/cpuinfo` and sysfs each time, about a fifth of a decode step on SmolLM2.
+/// `CANDLE_BARRIER_POOL_SPIN_LIMIT=0`: candle's own pool for large elementwise ops otherwise
+/// spins after each, on the cores the next matrix product needs (128-token prefill 10-24%
+/// slower). Done first, while the process has one thread, so no other thread reads the
 /// environment as it changes.
-fn pin_rayon_threads() {
+fn tune_thread_env() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", "0");
     }
 }

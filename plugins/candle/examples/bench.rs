@@ -422,12 +422,7 @@ fn bench_model(model: &Model, setup: &Setup, llama: bool) -> anyhow::Result<()> 
 }
 
 fn main() -> anyhow::Result<()> {
-    // As the `lmhost` binary does (its `pin_rayon_threads`): without it candle counts the
-    // cores from /proc on every f32 matrix product.
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-    }
+    lmhost_candle::tune_thread_env();
     let prefill: usize = env_list("BENCH_PREFILL", "128")[0]
         .parse()
         .context("BENCH_PREFILL")?;

@@ -33,12 +33,7 @@ fn env_or(key: &str, default: &str) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    // As the `lmhost` binary does: without it candle counts the cores from /proc on every f32
-    // matrix product.
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-    }
+    lmhost_candle::tune_thread_env();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let path = root.join(MODEL);
     anyhow::ensure!(

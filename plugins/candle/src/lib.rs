@@ -33,6 +33,23 @@ use crate::options::Settings;
 use crate::text_model::TextModel;
 use lmhost_plugin_kit::prefix_cache;
 
+/// Sets, where unset, what candle 0.11's CPU thread pools read from the environment, as the
+/// `lmhost` binary does first thing: `RAYON_NUM_THREADS` (without it candle counts the cores
+/// from `/proc` on every f32 matrix product: a fifth of a SmolLM2 decode step) and
+/// `CANDLE_BARRIER_POOL_SPIN_LIMIT=0` (candle's own pool for large elementwise ops otherwise
+/// spins after each, on the cores the next matrix product needs: 128-token prefill 10-24%
+/// slower). Call it while the process has one thread: a thread reading the environment as it
+/// changes is undefined behaviour.
+pub fn tune_thread_env() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", "0");
+    }
+}
+
 pub struct Candle {
     model_id: String,
     /// Every call runs here: option `threads`.
