@@ -160,15 +160,35 @@ pub fn matmul_group(
     items
         .into_par_iter()
         .for_each(|(kind, data, out)| (kind.chunk)(cpu, data, &x, k, out));
-    for (t, dst) in transposed.iter().zip(dsts.iter_mut()) {
+    untranspose(&transposed, dsts, m);
+    Ok(())
+}
+
+/// Writes each `(n, m)` result of `transposed` into its `(m, n)` destination, in parallel over
+/// blocks of [`ROWS`] destination rows: each column of a block is [`ROWS`] adjacent values to
+/// read, and each row is written in order. (Column by column on one thread, the writes, a
+/// row apart each, had taken 6% of a 128-row SmolLM2 prefill with the other core idle.)
+fn untranspose(transposed: &[Vec<f32>], dsts: &mut [&mut [f32]], m: usize) {
+    let blocks: Vec<(&[f32], usize, &mut [f32])> = transposed
+        .iter()
+        .zip(dsts.iter_mut())
+        .filter(|(t, _)| !t.is_empty())
+        .flat_map(|(t, dst)| {
+            let n = t.len() / m;
+            dst.chunks_mut(ROWS * n)
+                .enumerate()
+                .map(move |(b, rows)| (t.as_slice(), b * ROWS, rows))
+        })
+        .collect();
+    blocks.into_par_iter().for_each(|(t, first, rows)| {
         let n = t.len() / m;
+        let count = rows.len() / n;
         for (j, column) in t.chunks_exact(m).enumerate() {
-            for (r, v) in column.iter().enumerate() {
-                dst[r * n + j] = *v;
+            for (r, v) in column[first..first + count].iter().enumerate() {
+                rows[r * n + j] = *v;
             }
         }
-    }
-    Ok(())
+    });
 }
 
 /// A chunk of weight rows to compute: its kernel, its bytes, its part of the output.
