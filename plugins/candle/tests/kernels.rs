@@ -101,7 +101,8 @@ fn kernels_match_dequantized_matmul() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     // 2 threads split one activation row over output rows and three rows over activation
     // rows; 4 threads split each of the three rows over output rows. Eleven rows are a whole
-    // tile of activation rows and part of another.
+    // tile of activation rows and part of another; 37 are quantized in parallel, in blocks of
+    // tiles, the last one partial.
     for threads in [2, 4] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -110,7 +111,7 @@ fn kernels_match_dequantized_matmul() {
         for (dtype, ks) in TYPES {
             let (mut vs_f32, mut vs_scalar) = (0f32, 0f32);
             for k in ks {
-                for m in [1, 3, 11] {
+                for m in [1, 3, 11, 37] {
                     for n in [7, 49] {
                         let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
                         let x = rng.matrix(m, k);
@@ -261,7 +262,7 @@ fn a_group_equals_its_matrices_alone() {
         .zip(&data)
         .map(|(&(dtype, rows), data)| kernels::Matrix { dtype, data, rows })
         .collect();
-    for m in [0, 1, 3, 11] {
+    for m in [0, 1, 3, 11, 37] {
         let x = rng.matrix(m, k);
         for path in Path::available() {
             let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(_, n)| vec![0f32; m * n]).collect();
