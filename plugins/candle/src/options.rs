@@ -61,7 +61,7 @@ pub fn specs() -> Vec<OptionSpec> {
              elsewhere), as_stored \
              (candle's kernels; on CPU they add a repacked copy of Q4_0/Q4_K/Q5_K/Q6_K/Q8_0 \
              matrices for fast prefill), compact (as stored, no repacked copy: decode as fast, \
-             prefill slower), f32, q8_0, q4_0, mixed (f32 prefill + Q8_0 decode).",
+             prefill slower), f32, q8_0, q4_0, mixed (f32 scoring + Q8_0 generation, as auto).",
         ),
         OptionSpec::new(
             "memory_budget",

@@ -66,8 +66,9 @@ pub enum WeightFormat {
     /// logprobs differ from score's by that rounding; Q8_0 copies for types without a kernel);
     /// else as stored; the stored format elsewhere.
     Auto,
-    /// Dense in the compute dtype for prefill, Q8_0 for decode (on CPU through our kernel):
-    /// generate's logprobs differ from score's by the Q8_0 error.
+    /// Dense in the compute dtype for scoring, Q8_0 for generating (on CPU through our kernel;
+    /// prompts too where [`stored_prompts`] says): generate's logprobs differ from score's by
+    /// the Q8_0 error.
     Mixed,
     /// As the checkpoint stores them (quantized stays quantized), through candle's kernels.
     AsStored,
