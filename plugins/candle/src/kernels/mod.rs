@@ -169,7 +169,7 @@ pub fn matmul_group(
 /// read, and each row is written in order. (Column by column on one thread, the writes, a
 /// row apart each, had taken 6% of a 128-row SmolLM2 prefill with the other core idle.)
 fn untranspose(transposed: &[Vec<f32>], dsts: &mut [&mut [f32]], m: usize) {
-    let blocks: Vec<(&[f32], usize, &mut [f32])> = transposed
+    let blocks: Vec<(&[f32], usize, usize, &mut [f32])> = transposed
         .iter()
         .zip(dsts.iter_mut())
         .filter(|(t, _)| !t.is_empty())
@@ -177,11 +177,10 @@ fn untranspose(transposed: &[Vec<f32>], dsts: &mut [&mut [f32]], m: usize) {
             let n = t.len() / m;
             dst.chunks_mut(ROWS * n)
                 .enumerate()
-                .map(move |(b, rows)| (t.as_slice(), b * ROWS, rows))
+                .map(move |(b, rows)| (t.as_slice(), n, b * ROWS, rows))
         })
         .collect();
-    blocks.into_par_iter().for_each(|(t, first, rows)| {
-        let n = t.len() / m;
+    blocks.into_par_iter().for_each(|(t, n, first, rows)| {
         let count = rows.len() / n;
         for (j, column) in t.chunks_exact(m).enumerate() {
             for (r, v) in column[first..first + count].iter().enumerate() {
