@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::kquants::BlockQ5_0;
-use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, Tile, ROWS};
+use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, Tile, BLOCK, ROWS};
 
 /// Proof that this CPU has AVX2, FMA and F16C: only [`Avx2::detect`] makes one.
 #[derive(Clone, Copy)]
@@ -46,6 +46,15 @@ impl Avx2 {
         unsafe { q8_0_lanes(w, x) }
     }
 
+    /// `lhs` (whole blocks) as [`BlockQ8`]s, each the same as [`super::Activations::blocks`]
+    /// makes it (the same divisions, rounding half away from zero): a block in a few dozen
+    /// instructions where the scalar loop rounds value by value (an 8-row SmolLM2 decode pass
+    /// spent 1.75 of its 24 ms quantizing).
+    pub(super) fn quantize_q8(self, lhs: &[f32]) -> Vec<BlockQ8> {
+        // SAFETY: as above.
+        unsafe { quantize_q8(lhs) }
+    }
+
     /// Q4_0, Q4_1 and Q5_0: up to four weight rows of `wb` blocks (consecutive in `w`) against
     /// each of `xs`, into `out[j][r]`.
     pub(super) fn tile_nibbles<W: Nibbles>(
@@ -77,6 +86,54 @@ impl Avx2 {
             tile_q8_0(pair, wb, xs)
         })
     }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8(lhs: &[f32]) -> Vec<BlockQ8> {
+    let sign = _mm256_set1_ps(-0.0);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    let mut blocks = Vec::with_capacity(lhs.len() / BLOCK);
+    for x in lhs.chunks_exact(BLOCK) {
+        let (x, _) = x.as_chunks::<8>();
+        // SAFETY: each chunk is 8 readable f32; the loads are unaligned.
+        let v: [__m256; 4] = std::array::from_fn(|c| unsafe { _mm256_loadu_ps(x[c].as_ptr()) });
+        let abs = v.map(|v| _mm256_andnot_ps(sign, v));
+        let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        // Half away from zero, as `f32::round`: truncate, then step away from zero where
+        // the (exact) fraction left is at least a half.
+        let q = v.map(|v| {
+            let y = _mm256_mul_ps(v, id);
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(y, t));
+            let away = _mm256_or_ps(_mm256_and_ps(y, sign), one);
+            let step = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), away);
+            _mm256_cvttps_epi32(_mm256_add_ps(t, step))
+        });
+        let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let sum = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256::<1>(sum),
+        );
+        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum)));
+        // i32 → i8 (saturating, as `as i8` does), the packs' lane interleave undone.
+        let bytes = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let mut qs = [0i8; BLOCK];
+        // SAFETY: `qs` is 32 writable bytes; the store is unaligned.
+        unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes) };
+        blocks.push(BlockQ8::new(d, sum, qs));
+    }
+    blocks
 }
 
 /// The 32-value types with 4-bit nibbles, which the tile kernels (here and in `avx512.rs`)

@@ -385,14 +385,33 @@ struct BlockQ8 {
     qs: [i8; BLOCK],
 }
 
+impl BlockQ8 {
+    /// The block of values `d · qs` whose `qs` sum to `sum`.
+    #[inline(always)]
+    fn new(d: f32, sum: i32, qs: [i8; BLOCK]) -> BlockQ8 {
+        BlockQ8 {
+            d: f16::from_f32(d).to_f32(),
+            s: f16::from_f32(d * sum as f32).to_f32(),
+            sum: sum as f32,
+            qs,
+        }
+    }
+}
+
 /// Quantized activations: [`BlockQ8`] for the 32-value weight types, [`kquants::BlockQ8K`]
 /// for the K-quants.
 trait Activations: Sized + Send + Sync {
     /// Activations per block.
     const VALUES: usize;
-    /// `lhs`, whole blocks, quantized. Inlined into [`quantize`], which compiles it with the
-    /// path's target features.
+    /// `lhs`, whole blocks, quantized, on every path (inlined where a path compiles it with
+    /// its target features).
     fn blocks(lhs: &[f32]) -> Vec<Self>;
+    /// What [`Activations::blocks`] makes, on AVX2.
+    #[cfg(target_arch = "x86_64")]
+    fn blocks_avx2(_cpu: avx2::Avx2, lhs: &[f32]) -> Vec<Self> {
+        // SAFETY: an `Avx2` proves the features.
+        unsafe { blocks_compiled_avx2(lhs) }
+    }
     /// This block size's activations of a group.
     fn of(x: &Quantized) -> &[Self];
 }
@@ -497,8 +516,8 @@ fn pairwise<W, X>(dot: impl Fn(&[W], &[X]) -> f32) -> impl TileDot<W, X> {
 }
 
 /// Activations to 8 bits per block. Rows are whole blocks, so blocks never straddle two rows.
-/// The same code on every path; compiled for AVX2 where the path has it, rounding becomes
-/// inline vector code instead of a call to `roundf` per value.
+/// The same values on every path; with AVX2, [`BlockQ8`]s in vector code of its own and the
+/// K-quants' blocks in the scalar code compiled for it.
 /// `lhs`, rows of `k` values, quantized: a prompt's many rows in parallel, [`ROWS`] at a
 /// time (on one thread, 128 rows of SmolLM2 took 5% of their prefill with the other core
 /// idle), a few decode rows on this thread.
@@ -513,15 +532,21 @@ fn quantize<X: Activations>(path: Path, lhs: &[f32], k: usize) -> Vec<X> {
 
 fn quantize_rows<X: Activations>(path: Path, lhs: &[f32]) -> Vec<X> {
     #[cfg(target_arch = "x86_64")]
-    if path != Path::Scalar && avx2::Avx2::detect().is_some() {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn with_avx2<X: Activations>(lhs: &[f32]) -> Vec<X> {
-            X::blocks(lhs)
-        }
-        // SAFETY: the CPU has the features (checked above).
-        return unsafe { with_avx2(lhs) };
+    if let (true, Some(cpu)) = (path != Path::Scalar, avx2::Avx2::detect()) {
+        return X::blocks_avx2(cpu, lhs);
     }
     let _ = path;
+    X::blocks(lhs)
+}
+
+/// [`Activations::blocks`] compiled for AVX2: rounding becomes inline vector code instead of a
+/// call to `roundf` per value.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn blocks_compiled_avx2<X: Activations>(lhs: &[f32]) -> Vec<X> {
     X::blocks(lhs)
 }
 
@@ -546,14 +571,14 @@ impl Activations for BlockQ8 {
                 *q = (v * id).round() as i8;
                 sum += i32::from(*q);
             }
-            blocks.push(BlockQ8 {
-                d: f16::from_f32(d).to_f32(),
-                s: f16::from_f32(d * sum as f32).to_f32(),
-                sum: sum as f32,
-                qs,
-            });
+            blocks.push(BlockQ8::new(d, sum, qs));
         }
         blocks
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn blocks_avx2(cpu: avx2::Avx2, lhs: &[f32]) -> Vec<BlockQ8> {
+        cpu.quantize_q8(lhs)
     }
 
     fn of(x: &Quantized) -> &[BlockQ8] {
@@ -582,6 +607,40 @@ fn tile<W, X>(
             dot(w, wb, &rows[..count], &mut sums);
             for (out, sums) in out.chunks_exact_mut(m).zip(&sums) {
                 out[g * ROWS..g * ROWS + count].copy_from_slice(&sums[..count]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every path quantizes activations to the same blocks, ties included: a block whose
+    /// largest value is 127 has a step of 1, so each `x.5` lies halfway between two steps
+    /// and rounds away from zero.
+    #[test]
+    fn every_path_quantizes_to_the_same_blocks() {
+        let ties: Vec<f32> = (0..BLOCK)
+            .map(|i| match i {
+                0 => 127.0,
+                _ => (i as f32 - 16.5) * if i % 2 == 0 { 1.0 } else { -3.0 },
+            })
+            .collect();
+        let spread: Vec<f32> = (0..3 * BLOCK)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.0173)
+            .collect();
+        let zeros = vec![0f32; BLOCK];
+        for lhs in [ties, spread, zeros] {
+            let expected: Vec<BlockQ8> = quantize_rows(Path::Scalar, &lhs);
+            for path in Path::available() {
+                let got: Vec<BlockQ8> = quantize_rows(path, &lhs);
+                for (got, want) in got.iter().zip(&expected) {
+                    assert_eq!(got.qs, want.qs, "{path:?}");
+                    let fields = |b: &BlockQ8| (b.d, b.s, b.sum);
+                    assert_eq!(fields(got), fields(want), "{path:?}");
+                }
+                assert_eq!(got.len(), expected.len());
             }
         }
     }
