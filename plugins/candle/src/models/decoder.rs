@@ -12,6 +12,7 @@ use std::sync::Arc;
 use candle_core::{DType, Result, Tensor};
 
 use super::llama::{BuildOptions, LlamaConfig};
+use super::glu::{self, Act};
 use super::rope::{Rope, RopeRows};
 use super::{attend_packed, packed_logits, PackedRows, Seq};
 use crate::attention::Attention;
@@ -86,7 +87,7 @@ impl Block {
                 (y.narrow(2, 0, ffn)?, y.narrow(2, ffn, ffn)?)
             }
         };
-        self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
+        self.down.forward(&glu::gated(Act::Silu, &gate, &up)?)
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod decoder;
 pub mod gemma3;
+pub mod glu;
 pub mod llama;
 pub mod phi3;
 pub mod qwen3;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use candle_core::{DType, Result, Tensor};
 
 use super::decoder::{candle_err, LoadResult, Loader, RmsNorm};
+use super::glu::{self, Act};
 use super::llama::BuildOptions;
 use super::rope::{Rope, RopeRows};
 use super::{attend_packed, packed_logits, PackedRows, Seq};
@@ -193,9 +194,8 @@ impl Gemma3 {
     }
 
     fn mlp(b: &Block, x: &Tensor) -> Result<Tensor> {
-        // Tensor::gelu is the tanh approximation (Transformers' `gelu_pytorch_tanh`).
         let [gate, up] = Linear::forward_group([&b.gate, &b.up], x)?;
-        b.down.forward(&(gate.gelu()? * up)?)
+        b.down.forward(&glu::gated(Act::GeluTanh, &gate, &up)?)
     }
 
     /// The scaled input embeddings of `ids`, `(1, ids.len(), h)`.
