@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
 
-use super::llama::{BuildOptions, LlamaConfig};
 use super::glu::{self, Act};
+use super::llama::{BuildOptions, LlamaConfig};
 use super::rope::{Rope, RopeRows};
 use super::{attend_packed, packed_logits, PackedRows, Seq};
 use crate::attention::Attention;
