@@ -85,14 +85,19 @@ pub fn rows(q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Option<Tensor>> {
         }
     }
     // One task per (row, key/value head): its query heads read the same keys while they are
-    // still in cache.
-    let group = n_rep * d;
+    // still in cache. Too few of those to share the pool evenly (a lone decode row has as many
+    // as key/value heads: 3 on SmolLM2, 1 on Gemma 3 270M), one task per query head.
+    let per = if n * (heads / n_rep) >= 4 * rayon::current_num_threads() {
+        n_rep
+    } else {
+        1
+    };
     let mut out = vec![0f32; n * heads * d];
-    out.par_chunks_mut(group)
-        .zip(queries.par_chunks(group))
+    out.par_chunks_mut(per * d)
+        .zip(queries.par_chunks(per * d))
         .enumerate()
         .for_each(|(i, (out, queries))| {
-            let (r, g) = (i / (heads / n_rep), i % (heads / n_rep));
+            let (r, g) = (i * per / heads, i * per % heads / n_rep);
             let p = &rows[r].params;
             // The positions `visible` admits: the window's last keys, up to the query's own.
             let first = p

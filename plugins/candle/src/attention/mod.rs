@@ -397,6 +397,15 @@ mod tests {
         let fused = decode::rows(&q, &keys).unwrap();
         let fused = fused.expect("f32 on CPU takes the fused path");
         assert!(max_diff(&expected, &fused) < 1e-5);
+        // On one thread the six (row, key/value head) tasks are enough to go by group; on more,
+        // by query head: the same values either way.
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let grouped = one.install(|| decode::rows(&q, &keys)).unwrap().unwrap();
+        let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(values(&grouped), values(&fused));
         for name in names() {
             let out = resolve(&name).unwrap().forward_rows(&q, &keys).unwrap();
             let diff = max_diff(&expected, &out);
