@@ -7,10 +7,7 @@
 //! Scoring keeps candle's ops, so scores and explain's values do not move; a generation's
 //! activations are 8-bit anyway.
 
-use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
-use rayon::prelude::*;
-
-use crate::kernels::Path;
+use candle_core::{Result, Tensor};
 
 /// Which activation gates.
 #[derive(Debug, Clone, Copy)]
@@ -20,14 +17,11 @@ pub enum Act {
     GeluTanh,
 }
 
-/// Values per parallel task: below this a pass's activations are a few microseconds of work,
-/// less than waking the pool.
-const TASK: usize = 1 << 16;
-
 /// `act(gate) · up` of two tensors of one shape.
 pub fn gated(act: Act, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    #[cfg(target_arch = "x86_64")]
     if crate::weights::is_generating() {
-        if let Some(y) = fused(act, gate, up)? {
+        if let Some(y) = avx2::fused(act, gate, up)? {
             return Ok(y);
         }
     }
@@ -38,59 +32,71 @@ pub fn gated(act: Act, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate * up
 }
 
-/// The fused pass, where both inputs are contiguous f32 on CPU and the CPU has AVX2.
-fn fused(act: Act, gate: &Tensor, up: &Tensor) -> Result<Option<Tensor>> {
-    let avx2 = matches!(Path::best(), Path::Avx2 | Path::Avx512);
-    if !avx2 || gate.dtype() != DType::F32 || !gate.device().is_cpu() || gate.dims() != up.dims() {
-        return Ok(None);
-    }
-    let (g, gl) = gate.storage_and_layout();
-    let (u, ul) = up.storage_and_layout();
-    let (Some(g), Some(u)) = (values(&g, gl), values(&u, ul)) else {
-        return Ok(None);
-    };
-    let mut out = vec![0f32; g.len()];
-    out.par_chunks_mut(TASK)
-        .zip(g.par_chunks(TASK).zip(u.par_chunks(TASK)))
-        .for_each(|(out, (g, u))| {
-            // SAFETY: the CPU has AVX2 and FMA (checked by `Path::best`).
-            unsafe { avx2::gated(act, g, u, out) }
-        });
-    Tensor::from_vec(out, gate.dims(), gate.device()).map(Some)
-}
-
-/// A contiguous f32 CPU tensor's values.
-fn values<'a>(storage: &'a Storage, layout: &Layout) -> Option<&'a [f32]> {
-    let Storage::Cpu(CpuStorage::F32(data)) = storage else {
-        return None;
-    };
-    let (start, end) = layout.contiguous_offsets()?;
-    data.get(start..end)
-}
-
-/// `act(x)` of one value, as candle computes it.
-fn scalar(act: Act, x: f32) -> f32 {
-    match act {
-        Act::Silu => x / (1.0 + (-x).exp()),
-        Act::GeluTanh => {
-            let inner = (2.0f32 / std::f32::consts::PI).sqrt() * x * (1.0 + 0.044715 * x * x);
-            0.5 * x * (1.0 + inner.tanh())
-        }
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{scalar, Act};
+    use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
+    use rayon::prelude::*;
+
+    use super::Act;
+    use crate::kernels::Path;
+
+    /// Values per parallel task: below this a pass's activations are a few microseconds of work,
+    /// less than waking the pool.
+    const TASK: usize = 1 << 16;
+
+    /// The fused pass, where both inputs are contiguous f32 on CPU and the CPU has AVX2.
+    pub(super) fn fused(act: Act, gate: &Tensor, up: &Tensor) -> Result<Option<Tensor>> {
+        let avx2 = matches!(Path::best(), Path::Avx2 | Path::Avx512);
+        if !avx2
+            || gate.dtype() != DType::F32
+            || !gate.device().is_cpu()
+            || gate.dims() != up.dims()
+        {
+            return Ok(None);
+        }
+        let (g, gl) = gate.storage_and_layout();
+        let (u, ul) = up.storage_and_layout();
+        let (Some(g), Some(u)) = (values(&g, gl), values(&u, ul)) else {
+            return Ok(None);
+        };
+        let mut out = vec![0f32; g.len()];
+        out.par_chunks_mut(TASK)
+            .zip(g.par_chunks(TASK).zip(u.par_chunks(TASK)))
+            .for_each(|(out, (g, u))| {
+                // SAFETY: the CPU has AVX2 and FMA (checked by `Path::best`).
+                unsafe { gated(act, g, u, out) }
+            });
+        Tensor::from_vec(out, gate.dims(), gate.device()).map(Some)
+    }
+
+    /// A contiguous f32 CPU tensor's values.
+    fn values<'a>(storage: &'a Storage, layout: &Layout) -> Option<&'a [f32]> {
+        let Storage::Cpu(CpuStorage::F32(data)) = storage else {
+            return None;
+        };
+        let (start, end) = layout.contiguous_offsets()?;
+        data.get(start..end)
+    }
+
+    /// `act(x)` of one value, as candle computes it.
+    fn scalar(act: Act, x: f32) -> f32 {
+        match act {
+            Act::Silu => x / (1.0 + (-x).exp()),
+            Act::GeluTanh => {
+                let inner = (2.0f32 / std::f32::consts::PI).sqrt() * x * (1.0 + 0.044715 * x * x);
+                0.5 * x * (1.0 + inner.tanh())
+            }
+        }
+    }
 
     /// `out = act(gate) · up`, eight values at a time (the tail as [`scalar`] does).
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn gated(act: Act, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    unsafe fn gated(act: Act, gate: &[f32], up: &[f32], out: &mut [f32]) {
         let (g8, g_tail) = gate.as_chunks::<8>();
         let (u8, u_tail) = up.as_chunks::<8>();
         let (o8, o_tail) = out.as_chunks_mut::<8>();
@@ -184,6 +190,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::Path;
     use candle_core::Device;
 
     /// The fused pass against candle's ops over activations from -30 to 30 (both tails of
