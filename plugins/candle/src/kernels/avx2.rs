@@ -46,6 +46,21 @@ impl Avx2 {
         unsafe { q8_0_lanes(w, x) }
     }
 
+    /// A lone activation row against up to four Q8_0 weight rows of `wb` blocks, into
+    /// `out[j][0]`, each row's lanes added by `add` as the caller's tiles add theirs: one call
+    /// a tile instead of one a row (Gemma 3's output layer has 262144 rows, 640 values each).
+    pub(super) fn q8_0_lone(
+        self,
+        w: &[BlockQ8_0],
+        wb: usize,
+        x: &[BlockQ8],
+        out: &mut Tile,
+        add: impl Fn([f32; 4]) -> f32,
+    ) {
+        // SAFETY: as above.
+        unsafe { q8_0_lone(w, wb, x, out, add) }
+    }
+
     /// `lhs` (whole blocks) as [`BlockQ8`]s, each the same as [`super::Activations::blocks`]
     /// makes it (the same divisions, rounding half away from zero): a block in a few dozen
     /// instructions where the scalar loop rounds value by value (an 8-row SmolLM2 decode pass
@@ -76,10 +91,8 @@ impl Avx2 {
     /// rows share each pair.
     pub(super) fn tile_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         if let [x] = xs {
-            for (w, out) in w.chunks_exact(wb).zip(out.iter_mut()) {
-                out[0] = self.dot_q8_0(w, x);
-            }
-            return;
+            // As `dot_q8_0` adds them.
+            return self.q8_0_lone(w, wb, x, out, |l| l.iter().sum());
         }
         // SAFETY: as above.
         by_pairs(w, wb, xs.len(), out, |pair| unsafe {
@@ -283,6 +296,20 @@ fn dot_q4_1(w: &[BlockQ4_1], x: &[BlockQ8]) -> f32 {
 /// sums added before conversion, into four f32 lanes, which the caller sums as its tiles do
 /// (`store_pair` here, `store` in `avx512.rs`). So a row alone gets bit for bit what it gets
 /// in a tile, and batching never changes a greedy reply.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_lone(
+    w: &[BlockQ8_0],
+    wb: usize,
+    x: &[BlockQ8],
+    out: &mut Tile,
+    add: impl Fn([f32; 4]) -> f32,
+) {
+    for (w, out) in w.chunks_exact(wb).zip(out.iter_mut()) {
+        out[0] = add(q8_0_lanes(w, x));
+    }
+}
+
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_lanes(w: &[BlockQ8_0], x: &[BlockQ8]) -> [f32; 4] {
     let ones = _mm256_set1_epi16(1);

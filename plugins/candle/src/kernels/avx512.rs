@@ -46,11 +46,8 @@ impl Avx512 {
     /// summed as [`store`] sums a tile's, so the row alone equals the row in a tile.
     pub(super) fn dot_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         if let [x] = xs {
-            for (w, out) in w.chunks_exact(wb).zip(out.iter_mut()) {
-                let l = self.avx2().q8_0_lanes(w, x);
-                out[0] = (l[0] + l[2]) + (l[1] + l[3]);
-            }
-            return;
+            let add = |l: [f32; 4]| (l[0] + l[2]) + (l[1] + l[3]);
+            return self.avx2().q8_0_lone(w, wb, x, out, add);
         }
         // SAFETY: as above.
         unsafe { dot_q8_0(w, wb, xs, out) }
