@@ -292,10 +292,7 @@ fn dot_q4_1(w: &[BlockQ4_1], x: &[BlockQ8]) -> f32 {
     hsum(acc) + offset
 }
 
-/// Whole 32-byte blocks, with [`tile_q8_0`]'s arithmetic: each block's two halves' integer
-/// sums added before conversion, into four f32 lanes, which the caller sums as its tiles do
-/// (`store_pair` here, `store` in `avx512.rs`). So a row alone gets bit for bit what it gets
-/// in a tile, and batching never changes a greedy reply.
+/// [`Avx2::q8_0_lone`]: [`q8_0_lanes`] of each row, added by `add`, in one call.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_lone(
     w: &[BlockQ8_0],
@@ -309,6 +306,10 @@ fn q8_0_lone(
     }
 }
 
+/// Whole 32-byte blocks, with [`tile_q8_0`]'s arithmetic: each block's two halves' integer
+/// sums added before conversion, into four f32 lanes, which the caller sums as its tiles do
+/// (`store_pair` here, `store` in `avx512.rs`). So a row alone gets bit for bit what it gets
+/// in a tile, and batching never changes a greedy reply.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_lanes(w: &[BlockQ8_0], x: &[BlockQ8]) -> [f32; 4] {
