@@ -128,13 +128,9 @@ fn quantize_q8(lhs: &[f32]) -> Vec<BlockQ8> {
             let step = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), away);
             _mm256_cvttps_epi32(_mm256_add_ps(t, step))
         });
+        // At most 32 · 127 in magnitude: exact in f32, as every partial sum is.
         let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        let sum = _mm_add_epi32(
-            _mm256_castsi256_si128(sum),
-            _mm256_extracti128_si256::<1>(sum),
-        );
-        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
-        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum)));
+        let sum = hsum(_mm256_cvtepi32_ps(sum)) as i32;
         // i32 → i8 (saturating, as `as i8` does), the packs' lane interleave undone.
         let bytes = _mm256_packs_epi16(
             _mm256_packs_epi32(q[0], q[1]),
