@@ -12,9 +12,10 @@
 //! On x86 and aarch64 CPUs candle's quantized matmul keeps a second, repacked copy of Q4_K and
 //! Q6_K matrices (and of Q8_0 on VNNI x86 CPUs, Q4_0 and Q5_K on aarch64), made on first use:
 //! prefill of many rows runs 4-6x faster, but a Q4_K model takes about 2.3x its file size.
-//! `compact` runs the stored blocks in place instead, no second copy: Q4_0, Q4_1, Q5_0, Q8_0,
-//! Q4_K and Q6_K through our own kernels ([`crate::kernels`], llama.cpp's integer dot
-//! products), other types through candle's unpacked ones.
+//! `compact` runs the stored blocks instead, no second copy: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and
+//! Q6_K through our own kernels ([`crate::kernels`], llama.cpp's integer dot products; on
+//! AVX-512 the nibble types interleaved, a copy of the same size made at load in place of the
+//! stored blocks), other types through candle's unpacked ones.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use candle_core::quantized::k_quants::{self, BlockQ2K, BlockQ3K, BlockQ5K, Block
 use candle_core::quantized::{GgmlDType, GgmlType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 
-use crate::kernels::{self, Path};
+use crate::kernels::{self, Layout, Path};
 
 /// A tensor as a checkpoint stores it. Cloning shares the data (a tied embedding is both the
 /// input table and the output layer).
@@ -243,8 +244,8 @@ pub struct Linear {
 #[derive(Debug, Clone)]
 enum Kernel {
     Candle(QMatMul),
-    /// A quantized CPU matrix our kernels ([`crate::kernels`]) read in place.
-    Ours(Arc<QTensor>),
+    /// A quantized CPU matrix our kernels ([`crate::kernels`]) read.
+    Ours(Blocks),
     /// A quantized CPU matrix of a type ours lack, read in place by candle's unpacked kernel
     /// for it.
     Unpacked(Arc<QTensor>, BlockMatmul),
@@ -268,12 +269,56 @@ impl Kernel {
     }
 }
 
+/// A quantized CPU matrix for our kernels: the stored blocks, read in place, or where the
+/// fastest path has a layout of its own for the type ([`kernels::interleave`]) and nothing
+/// else holds the stored blocks (a tied embedding table does), that layout, made once in place
+/// of them.
+#[derive(Debug, Clone)]
+struct Blocks {
+    dtype: GgmlDType,
+    shape: (usize, usize),
+    data: BlockData,
+}
+
+#[derive(Debug, Clone)]
+enum BlockData {
+    Stored(Arc<QTensor>),
+    Interleaved(Arc<Vec<u8>>),
+}
+
+impl Blocks {
+    /// `q`'s blocks, interleaved where that is faster and `q` is the caller's alone.
+    fn new(q: &Arc<QTensor>) -> Result<Blocks> {
+        let (dtype, shape) = (q.dtype(), q.shape().dims2()?);
+        let interleaved = match Arc::strong_count(q) {
+            1 => kernels::interleave(Path::best(), dtype, &q.data()?, shape)?,
+            _ => None,
+        };
+        let data = match interleaved {
+            Some(bytes) => BlockData::Interleaved(Arc::new(bytes)),
+            None => BlockData::Stored(q.clone()),
+        };
+        Ok(Blocks { dtype, shape, data })
+    }
+
+    /// The bytes and their layout.
+    fn bytes(&self) -> Result<(std::borrow::Cow<'_, [u8]>, Layout)> {
+        Ok(match &self.data {
+            BlockData::Stored(q) => (q.data()?, Layout::Stored),
+            BlockData::Interleaved(bytes) => (bytes.as_slice().into(), Layout::Interleaved),
+        })
+    }
+}
+
 /// `dst = lhs · blocksᵀ` over a matrix's stored bytes, `(m, k, n)`.
 type BlockMatmul = fn(&[u8], (usize, usize, usize), &[f32], &mut [f32]) -> Result<()>;
 
 /// Our kernels' layer for `q`, if they run its type and it is on CPU.
-fn ours_for(q: &Arc<QTensor>) -> Option<Kernel> {
-    (q.device().is_cpu() && kernels::supports(q.dtype())).then(|| Kernel::Ours(q.clone()))
+fn ours_for(q: &Arc<QTensor>) -> Result<Option<Kernel>> {
+    if !(q.device().is_cpu() && kernels::supports(q.dtype())) {
+        return Ok(None);
+    }
+    Blocks::new(q).map(|blocks| Some(Kernel::Ours(blocks)))
 }
 
 /// Candle's unpacked kernel for `q`, for the quantized types ours lack (none for float types,
@@ -303,7 +348,7 @@ fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
 /// `auto`'s decode copy: the stored blocks where our kernels run them, else [`decode_copy`].
 fn stored_for_decode(w: &Weight) -> Result<Kernel> {
     match w {
-        Weight::Quantized(q) => ours_for(q).map_or_else(|| decode_copy(w), Ok),
+        Weight::Quantized(q) => ours_for(q)?.map_or_else(|| decode_copy(w), Ok),
         w => decode_copy(w),
     }
 }
@@ -312,7 +357,7 @@ fn stored_for_decode(w: &Weight) -> Result<Kernel> {
 fn decode_copy(w: &Weight) -> Result<Kernel> {
     Ok(match requantize(w, GgmlDType::Q8_0)? {
         Kernel::Candle(QMatMul::QTensor(q)) => {
-            ours_for(&q).unwrap_or(Kernel::Candle(QMatMul::QTensor(q)))
+            ours_for(&q)?.unwrap_or(Kernel::Candle(QMatMul::QTensor(q)))
         }
         other => other,
     })
@@ -321,25 +366,23 @@ fn decode_copy(w: &Weight) -> Result<Kernel> {
 /// `x Wᵢᵀ` for quantized CPU matrices of our kernels' types that share the input `x`, in one
 /// [`kernels::matmul_group`] call (activations quantized to 8 bits per block, as `QMatMul`
 /// does).
-fn ours(ws: &[&QTensor], x: &Tensor) -> Result<Vec<Tensor>> {
-    let shapes = ws
-        .iter()
-        .map(|w| w.shape().dims2())
-        .collect::<Result<Vec<_>>>()?;
+fn ours(ws: &[&Blocks], x: &Tensor) -> Result<Vec<Tensor>> {
+    let shapes: Vec<(usize, usize)> = ws.iter().map(|w| w.shape).collect();
     for &shape in &shapes {
         check_input(x, shape)?;
     }
     let (lhs, k) = (rows(x)?, x.dim(candle_core::D::Minus1)?);
     let m = lhs.len() / k.max(1);
-    let data = ws.iter().map(|w| w.data()).collect::<Result<Vec<_>>>()?;
+    let bytes = ws.iter().map(|w| w.bytes()).collect::<Result<Vec<_>>>()?;
     let matrices: Vec<_> = ws
         .iter()
-        .zip(&data)
+        .zip(&bytes)
         .zip(&shapes)
-        .map(|((w, data), &(rows, _))| kernels::Matrix {
-            dtype: w.dtype(),
+        .map(|((w, (data, layout)), &(rows, _))| kernels::Matrix {
+            dtype: w.dtype,
             data,
             rows,
+            layout: *layout,
         })
         .collect();
     let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0f32; m * n]).collect();
@@ -423,7 +466,7 @@ impl Linear {
             }
             WeightFormat::Mixed => (dense(&w)?, Some(decode_copy(&w)?)),
             WeightFormat::Compact => match w {
-                Weight::Quantized(q) => match ours_for(&q).or_else(|| unpacked(&q)) {
+                Weight::Quantized(q) => match ours_for(&q)?.or_else(|| unpacked(&q)) {
                     Some(kernel) => (kernel, None),
                     None => (stored(Weight::Quantized(q), dtype)?, None),
                 },
@@ -451,10 +494,10 @@ impl Linear {
     /// instead of one per matrix, the same results), else layer by layer.
     pub fn forward_group<const N: usize>(layers: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
         let kernels = layers.map(Linear::kernel);
-        let ours_all: Option<Vec<&QTensor>> = kernels
+        let ours_all: Option<Vec<&Blocks>> = kernels
             .iter()
             .map(|k| match k {
-                Kernel::Ours(w) => Some(&**w),
+                Kernel::Ours(w) => Some(w),
                 _ => None,
             })
             .collect();

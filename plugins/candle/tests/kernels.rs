@@ -3,7 +3,7 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use lmhost_candle::kernels::{self, Path};
+use lmhost_candle::kernels::{self, Layout, Path};
 
 /// The types with kernels and the row lengths each is tested at: whole blocks of the type,
 /// several 256-value super-blocks for the K-quants, and Gemma 3 270M's 640 for Q5_0.
@@ -82,9 +82,32 @@ fn scales(x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize), block: usize) 
     out
 }
 
-fn ours(path: Path, q: &QTensor, mkn: (usize, usize, usize), x: &[f32]) -> Vec<f32> {
-    let mut dst = vec![0f32; mkn.0 * mkn.2];
-    kernels::matmul(path, q.dtype(), &q.data().unwrap(), mkn, x, &mut dst).unwrap();
+/// `q`'s bytes in each layout `path` has for its type: as stored, and interleaved where the
+/// path has that layout.
+fn layouts(path: Path, q: &QTensor) -> Vec<(Vec<u8>, Layout)> {
+    let (stored, shape) = (q.data().unwrap().to_vec(), q.shape().dims2().unwrap());
+    let interleaved = kernels::interleave(path, q.dtype(), &stored, shape).unwrap();
+    std::iter::once((stored, Layout::Stored))
+        .chain(interleaved.map(|bytes| (bytes, Layout::Interleaved)))
+        .collect()
+}
+
+/// `x · qᵀ` on `path` from `data` in `layout`.
+fn ours_in(
+    path: Path,
+    q: &QTensor,
+    (data, layout): &(Vec<u8>, Layout),
+    (m, k, n): (usize, usize, usize),
+    x: &[f32],
+) -> Vec<f32> {
+    let matrix = kernels::Matrix {
+        dtype: q.dtype(),
+        data,
+        rows: n,
+        layout: *layout,
+    };
+    let mut dst = vec![0f32; m * n];
+    kernels::matmul_group(path, &[matrix], (m, k), x, &mut [&mut dst]).unwrap();
     dst
 }
 
@@ -127,25 +150,31 @@ fn kernels_match_dequantized_matmul() {
                             .unwrap();
                         let w = dequantized.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                         let scale = scales(&x, &w, (m, k, n), activation_block(dtype));
-                        let results: Vec<Vec<f32>> = pool.install(|| {
+                        // Scalar first, then every other path in each of its layouts.
+                        let results: Vec<(Path, Layout, Vec<f32>)> = pool.install(|| {
                             Path::available()
                                 .into_iter()
-                                .map(|path| ours(path, &q, (m, k, n), &x))
+                                .flat_map(|path| {
+                                    layouts(path, &q)
+                                        .into_iter()
+                                        .map(move |bytes| (path, bytes))
+                                })
+                                .map(|(path, bytes)| {
+                                    (path, bytes.1, ours_in(path, &q, &bytes, (m, k, n), &x))
+                                })
                                 .collect()
                         });
-                        for (path, got) in Path::available().into_iter().zip(&results) {
+                        for (path, layout, got) in &results {
                             let err = worst(got, &expected, &scale);
                             assert!(
                                 err <= ACTIVATIONS,
-                                "{dtype:?} {path:?} (m, k, n) = ({m}, {k}, {n}): {err}"
+                                "{dtype:?} {path:?} {layout:?} (m, k, n) = ({m}, {k}, {n}): {err}"
                             );
                             vs_f32 = vs_f32.max(err);
-                        }
-                        for got in &results[1..] {
-                            let err = worst(got, &results[0], &scale);
+                            let err = worst(got, &results[0].2, &scale);
                             assert!(
                                 err <= SAME_INTEGERS,
-                                "{dtype:?} AVX2 vs scalar (m, k, n) = ({m}, {k}, {n}): {err}"
+                                "{dtype:?} {path:?} {layout:?} vs scalar (m, k, n) = ({m}, {k}, {n}): {err}"
                             );
                             vs_scalar = vs_scalar.max(err);
                         }
@@ -218,6 +247,33 @@ fn wrong_sizes_are_refused() {
         );
         assert!(err.unwrap_err().to_string().contains("no kernel for Q5K"));
     }
+    // Interleaved blocks come in whole groups of 16 rows, of the types that have the layout,
+    // and only the AVX-512 path reads them.
+    let refused = |dtype, data: &[u8], path| {
+        let matrix = kernels::Matrix {
+            dtype,
+            data,
+            rows: 7,
+            layout: Layout::Interleaved,
+        };
+        let mut dst = [0.0; 7];
+        kernels::matmul_group(path, &[matrix], (1, 64), &[0.0; 64], &mut [&mut dst])
+            .unwrap_err()
+            .to_string()
+    };
+    let err = refused(GgmlDType::Q4_1, &data, Path::Scalar);
+    assert!(
+        err.contains("bytes are not a (7, 64) Q4_1 matrix (Interleaved)"),
+        "{err}"
+    );
+    let group = vec![0u8; 16 * 2 * 20];
+    let err = refused(GgmlDType::Q4_1, &group, Path::Scalar);
+    assert!(
+        err.contains("interleaved blocks run on the AVX-512 path, not Scalar"),
+        "{err}"
+    );
+    let err = refused(GgmlDType::Q8_0, &vec![0u8; 16 * 2 * 34], Path::Scalar);
+    assert!(err.contains("no interleaved layout for Q8_0"), "{err}");
 }
 
 #[test]
@@ -248,6 +304,7 @@ fn a_group_equals_its_matrices_alone() {
         (GgmlDType::Q8_0, 7),
         (GgmlDType::Q6K, 100),
         (GgmlDType::Q5_0, 36),
+        (GgmlDType::Q4_0, 7),
     ];
     let qs: Vec<QTensor> = shapes
         .iter()
@@ -256,26 +313,41 @@ fn a_group_equals_its_matrices_alone() {
             QTensor::quantize(&w, dtype).unwrap()
         })
         .collect();
+    for path in Path::available() {
+        // Each matrix in the last layout the path has for it: interleaved where there is one.
+        let bytes: Vec<(Vec<u8>, Layout)> =
+            qs.iter().map(|q| layouts(path, q).pop().unwrap()).collect();
+        let matrices: Vec<kernels::Matrix> = shapes
+            .iter()
+            .zip(&bytes)
+            .map(|(&(dtype, rows), (data, layout))| kernels::Matrix {
+                dtype,
+                data,
+                rows,
+                layout: *layout,
+            })
+            .collect();
+        for m in [0, 1, 3, 11, 37] {
+            let x = rng.matrix(m, k);
+            let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(_, n)| vec![0f32; m * n]).collect();
+            let mut outs: Vec<&mut [f32]> = dsts.iter_mut().map(Vec::as_mut_slice).collect();
+            kernels::matmul_group(path, &matrices, (m, k), &x, &mut outs).unwrap();
+            for ((q, (&(dtype, n), bytes)), got) in
+                qs.iter().zip(shapes.iter().zip(&bytes)).zip(&dsts)
+            {
+                let alone = ours_in(path, q, bytes, (m, k, n), &x);
+                assert_eq!(got, &alone, "{dtype:?} {path:?} {:?} m = {m}", bytes.1);
+            }
+        }
+    }
     let data: Vec<_> = qs.iter().map(|q| q.data().unwrap()).collect();
     let matrices: Vec<kernels::Matrix> = shapes
         .iter()
         .zip(&data)
-        .map(|(&(dtype, rows), data)| kernels::Matrix { dtype, data, rows })
+        .map(|(&(dtype, rows), data)| kernels::Matrix::stored(dtype, data, rows))
         .collect();
-    for m in [0, 1, 3, 11, 37] {
-        let x = rng.matrix(m, k);
-        for path in Path::available() {
-            let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(_, n)| vec![0f32; m * n]).collect();
-            let mut outs: Vec<&mut [f32]> = dsts.iter_mut().map(Vec::as_mut_slice).collect();
-            kernels::matmul_group(path, &matrices, (m, k), &x, &mut outs).unwrap();
-            for ((q, &(dtype, n)), got) in qs.iter().zip(&shapes).zip(&dsts) {
-                let alone = ours(path, q, (m, k, n), &x);
-                assert_eq!(got, &alone, "{dtype:?} {path:?} m = {m}");
-            }
-        }
-    }
     let err = kernels::matmul_group(Path::Scalar, &matrices, (1, k), &[0.0; 512], &mut [])
         .unwrap_err()
         .to_string();
-    assert!(err.contains("5 matrices and 0 outputs"), "{err}");
+    assert!(err.contains("6 matrices and 0 outputs"), "{err}");
 }

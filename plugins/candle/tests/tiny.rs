@@ -4,6 +4,7 @@ mod common;
 
 use std::path::Path;
 
+use candle_core::quantized::GgmlDType;
 use candle_core::DType;
 use common::{backend, max_diff, write_gguf, write_safetensors};
 use lmhost_candle::Candle;
@@ -565,17 +566,21 @@ fn decode_steps_wait_for_every_generation_decoding_now() {
 
 /// A sequence's logits in a packed decode pass through the quantized kernels are bit for bit
 /// its logits in a pass of its own, whatever else the pass carries, so batching never changes
-/// a greedy reply. (With `f32` weights candle's GEMM rounds differently with the row count.)
+/// a greedy reply: Q8_0 matrices, and Q4_1 ones (interleaved on AVX-512). (With `f32` weights
+/// candle's GEMM rounds differently with the row count.)
 #[test]
 fn a_packed_decode_row_equals_the_same_row_alone() {
     use lmhost_candle::batch::decode_pass;
     use lmhost_candle::models::Logits;
     let dir = tempfile::tempdir().unwrap();
-    for weights in ["auto", "compact"] {
-        let b = backend(
-            &write_gguf(&dir.path().join("tiny.gguf"), "llama"),
-            json!({ "weights": weights }),
-        );
+    let q8_0 = write_gguf(&dir.path().join("q8_0.gguf"), "llama");
+    let q4_1 = common::write_gguf_file(
+        &dir.path().join("q4_1.gguf"),
+        &common::gguf_metadata("llama"),
+        &common::gguf_tensors("llama", &common::hf_tensors(), GgmlDType::Q4_1),
+    );
+    for (file, weights) in [(&q8_0, "auto"), (&q8_0, "compact"), (&q4_1, "auto")] {
+        let b = backend(file, json!({ "weights": weights }));
         let engine = b.engine().unwrap();
         let model = &*engine.model;
         let prompts: Vec<Vec<u32>> = (0..5)

@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{prefetch, Avx2, Kind, Nibbles};
-use super::{BlockQ8, BlockQ8_0, Tile, ROWS, WROWS};
+use super::{BlockQ8, BlockQ8_0, Tile, GROUP, ROWS, WROWS};
 
 /// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C: only
 /// [`Avx512::detect`] makes one.
@@ -38,6 +38,31 @@ impl Avx512 {
     ) {
         // SAFETY: `self` exists only where the features were detected.
         unsafe { dot_nibbles(w, wb, xs, out) }
+    }
+
+    /// One group of [`super::interleaved`] rows of `kb` blocks against each of `xs` (at most
+    /// [`ROWS`]): `[r][l]` is row `l` · `xs[r]`.
+    pub(super) fn interleaved<W: Nibbles>(
+        self,
+        group: &[u8],
+        kb: usize,
+        xs: &[&[BlockQ8]],
+    ) -> [[f32; GROUP]; ROWS] {
+        assert_eq!(group.len(), GROUP * kb * size_of::<W>(), "a whole group");
+        // SAFETY: `self` exists only where the features were detected; the group's length was
+        // checked. One copy per row count keeps the accumulators in registers.
+        unsafe {
+            match xs.len() {
+                1 => interleaved::<W, 1>(group, kb, xs),
+                2 => interleaved::<W, 2>(group, kb, xs),
+                3 => interleaved::<W, 3>(group, kb, xs),
+                4 => interleaved::<W, 4>(group, kb, xs),
+                5 => interleaved::<W, 5>(group, kb, xs),
+                6 => interleaved::<W, 6>(group, kb, xs),
+                7 => interleaved::<W, 7>(group, kb, xs),
+                _ => interleaved::<W, ROWS>(group, kb, xs),
+            }
+        }
     }
 
     /// A lone activation row runs row by row on whole blocks through AVX2's arithmetic, which
@@ -158,6 +183,100 @@ fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile
         }
     }
     store(&acc, xs.len(), out);
+}
+
+/// Each 32-bit lane takes one row: its block's 32 products, four at a time against the same
+/// four activations broadcast to every lane, an exact integer sum (offset by `-8` or `-16`
+/// times the activations' sum for Q4_0 and Q5_0), then scaled once.
+///
+/// # Safety
+/// `group` must be `GROUP · kb` blocks of `W` in the interleaved layout.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn interleaved<W: Nibbles, const N: usize>(
+    group: &[u8],
+    kb: usize,
+    xs: &[&[BlockQ8]],
+) -> [[f32; GROUP]; ROWS] {
+    let xs = &xs[..N];
+    let bytes = GROUP * size_of::<W>();
+    let pieces = bytes - 4 * 64;
+    let mask = _mm512_set1_epi8(0xF);
+    let fifth = _mm512_set1_epi8(0x10);
+    // Q5_0: byte `t` of lane `l`'s piece `c` takes bit `4c + t` of the row's `qh` (low
+    // nibbles) or bit `16 + 4c + t` (high): the byte of `qh >> 4c` that holds it, copied to
+    // the lane's four bytes, tested against bit `t`.
+    let spread = _mm512_set_epi32(
+        0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C,
+        0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0,
+    );
+    let spread_hi = _mm512_add_epi8(spread, _mm512_set1_epi8(2));
+    let bit = _mm512_set1_epi32(0x0804_0201);
+    let offset = match W::KIND {
+        Kind::Q4_0 => -8,
+        Kind::Q4_1 => 0,
+        Kind::Q5_0 => -16,
+    };
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..kb {
+        // SAFETY: block `i` of the group is `bytes` long (the caller's promise); the loads are
+        // unaligned, and a prefetch past the end reads nothing.
+        let (d, extra, q) = unsafe {
+            let p = group.as_ptr().add(i * bytes);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * bytes).cast());
+            let q: [__m512i; 4] =
+                std::array::from_fn(|c| _mm512_loadu_si512(p.add(pieces + 64 * c).cast()));
+            (_mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), p.add(32), q)
+        };
+        let mut lo = q.map(|q| _mm512_and_si512(q, mask));
+        let mut hi = q.map(|q| _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask));
+        let min = match W::KIND {
+            // SAFETY: Q4_1's 32 bytes of minimums follow the scales.
+            Kind::Q4_1 => Some(_mm512_cvtph_ps(unsafe { _mm256_loadu_si256(extra.cast()) })),
+            _ => None,
+        };
+        if W::KIND == Kind::Q5_0 {
+            // SAFETY: Q5_0's 64 bytes of `qh` follow the scales.
+            let qh = unsafe { _mm512_loadu_si512(extra.cast()) };
+            for c in 0..4 {
+                let h = _mm512_srl_epi32(qh, _mm_cvtsi32_si128(4 * c as i32));
+                let (l, u) = (
+                    _mm512_test_epi8_mask(_mm512_shuffle_epi8(h, spread), bit),
+                    _mm512_test_epi8_mask(_mm512_shuffle_epi8(h, spread_hi), bit),
+                );
+                lo[c] = _mm512_mask_add_epi8(lo[c], l, lo[c], fifth);
+                hi[c] = _mm512_mask_add_epi8(hi[c], u, hi[c], fifth);
+            }
+        }
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let x = &x[i];
+            let quad = |c: usize| {
+                let q = &x.qs[4 * c..4 * c + 4];
+                _mm512_set1_epi32(i32::from_le_bytes(
+                    [q[0], q[1], q[2], q[3]].map(|v| v as u8),
+                ))
+            };
+            let start = _mm512_set1_epi32(offset * x.sum as i32);
+            let (mut s0, mut s1) = (
+                _mm512_dpbusd_epi32(start, lo[0], quad(0)),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], quad(4)),
+            );
+            for c in 1..4 {
+                s0 = _mm512_dpbusd_epi32(s0, lo[c], quad(c));
+                s1 = _mm512_dpbusd_epi32(s1, hi[c], quad(4 + c));
+            }
+            let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            *acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.d)), sums, *acc);
+            if let Some(min) = min {
+                *acc = _mm512_fmadd_ps(min, _mm512_set1_ps(x.s), *acc);
+            }
+        }
+    }
+    let mut out = [[0f32; GROUP]; ROWS];
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        // SAFETY: `out` is 16 floats.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *acc) };
+    }
+    out
 }
 
 /// Signed weights: `vpdpbusd` wants one unsigned operand, so the activations are offset by

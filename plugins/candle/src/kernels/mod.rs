@@ -4,16 +4,20 @@
 //! multiplying integers is what makes it fast; candle's Q4_1 CPU kernel has no SIMD path.
 //!
 //! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K (SmolLM2's GGUF, a Q4_K_M file's mix, and the
-//! requantized formats), read in place from a candle `QTensor`'s bytes. The K-quants' 256-value
-//! super-blocks meet llama.cpp's Q8_K activations ([`kquants::BlockQ8K`]), one scale per 256
-//! values, so that a super-block's sums stay integers until its one scaling. The fastest path
-//! this CPU has is chosen at run time: AVX-512 VNNI (Q4_0, Q4_1, Q8_0; the others through
-//! AVX2), AVX2, or the scalar one, which runs everywhere and computes the same integer sums.
+//! requantized formats), read in place from a candle `QTensor`'s bytes ([`Layout::Stored`]) or,
+//! for the nibble types on AVX-512, from a copy made once with 16 rows' blocks side by side
+//! ([`Layout::Interleaved`], see `interleaved.rs`). The K-quants' 256-value super-blocks meet
+//! llama.cpp's Q8_K activations ([`kquants::BlockQ8K`]), one scale per 256 values, so that a
+//! super-block's sums stay integers until its one scaling. The fastest path this CPU has is
+//! chosen at run time: AVX-512 VNNI (Q4_0, Q4_1, Q5_0, Q8_0; the K-quants through AVX2), AVX2,
+//! or the scalar one, which runs everywhere and computes the same integer sums.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod interleaved;
 mod kquants;
 #[cfg(target_arch = "x86_64")]
 mod kquants_avx2;
@@ -36,6 +40,19 @@ pub const ROWS: usize = 8;
 
 /// Weight rows computed together, one per 128-bit lane of the AVX-512 kernels.
 const WROWS: usize = 4;
+
+/// Rows of an [`Layout::Interleaved`] group, one per 32-bit lane of a 512-bit register; work
+/// is split in whole groups (and so in whole [`WROWS`] tiles).
+const GROUP: usize = 16;
+
+/// How a matrix's blocks lie in its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// As GGUF files and candle store them: each row's blocks in turn.
+    Stored,
+    /// [`interleave`]d for the AVX-512 kernels: block `i` of 16 rows side by side.
+    Interleaved,
+}
 
 /// A tile's results: `[j][r]` is weight row `j` · activation row `r`.
 type Tile = [[f32; ROWS]; WROWS];
@@ -89,20 +106,47 @@ pub fn matmul(
     lhs: &[f32],
     dst: &mut [f32],
 ) -> Result<()> {
-    let matrix = Matrix {
-        dtype,
-        data,
-        rows: n,
-    };
+    let matrix = Matrix::stored(dtype, data, n);
     matmul_group(path, &[matrix], (m, k), lhs, &mut [dst])
 }
 
-/// One matrix of a [`matmul_group`]: its type, its stored bytes, its row count.
+/// One matrix of a [`matmul_group`]: its type, its bytes and their layout, its row count.
 #[derive(Debug, Clone, Copy)]
 pub struct Matrix<'a> {
     pub dtype: GgmlDType,
     pub data: &'a [u8],
     pub rows: usize,
+    pub layout: Layout,
+}
+
+impl<'a> Matrix<'a> {
+    /// `rows` rows of `dtype` as stored.
+    pub fn stored(dtype: GgmlDType, data: &'a [u8], rows: usize) -> Self {
+        Matrix {
+            dtype,
+            data,
+            rows,
+            layout: Layout::Stored,
+        }
+    }
+}
+
+/// The stored `(n, k)` matrix `data` of `dtype` in the layout `path` computes it fastest in,
+/// where that is not the stored one: [`Layout::Interleaved`] for Q4_0, Q4_1 and Q5_0 on
+/// AVX-512. The same number of bytes (a last group of fewer than 16 rows is padded).
+pub fn interleave(
+    path: Path,
+    dtype: GgmlDType,
+    data: &[u8],
+    (n, k): (usize, usize),
+) -> Result<Option<Vec<u8>>> {
+    let kind = Kind::checked(&Matrix::stored(dtype, data, n), k)?;
+    #[cfg(target_arch = "x86_64")]
+    if let (Path::Avx512, Some(interleaved)) = (path, kind.interleaved) {
+        return Ok(Some((interleaved.copy)(data, (n, k / kind.values))));
+    }
+    let _ = (path, kind);
+    Ok(None)
 }
 
 /// `dsts[i] = lhs · Wᵢᵀ` for matrices that share their input (q, k and v; gate and up), each
@@ -142,6 +186,9 @@ pub fn matmul_group(
         kinds.push(Kind::checked(matrix, k)?);
     }
     let cpu = Cpu::of(path)?;
+    if path != Path::Avx512 && matrices.iter().any(|w| w.layout == Layout::Interleaved) {
+        bail!("quantized matmul: interleaved blocks run on the AVX-512 path, not {path:?}");
+    }
     if m == 0 {
         return Ok(());
     }
@@ -159,7 +206,17 @@ pub fn matmul_group(
     let items = work(matrices, &kinds, outs, (m, k));
     items
         .into_par_iter()
-        .for_each(|(kind, data, out)| (kind.chunk)(cpu, data, &x, k, out));
+        .for_each(|(kind, layout, data, out)| match layout {
+            Layout::Stored => (kind.chunk)(cpu, data, &x, k, out),
+            #[cfg(target_arch = "x86_64")]
+            Layout::Interleaved => {
+                if let (Cpu::Avx512(cpu), Some(interleaved)) = (cpu, kind.interleaved) {
+                    (interleaved.chunk)(cpu, data, &x.q8, k, out)
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Layout::Interleaved => {}
+        });
     untranspose(&transposed, dsts, m);
     Ok(())
 }
@@ -190,11 +247,13 @@ fn untranspose(transposed: &[Vec<f32>], dsts: &mut [&mut [f32]], m: usize) {
     });
 }
 
-/// A chunk of weight rows to compute: its kernel, its bytes, its part of the output.
-type Item<'a, 'o> = (Kind, &'a [u8], &'o mut [f32]);
+/// A chunk of weight rows to compute: its kernel, its bytes and their layout, its part of the
+/// output.
+type Item<'a, 'o> = (Kind, Layout, &'a [u8], &'o mut [f32]);
 
-/// The group's rows in chunks, a few per thread, each a whole number of [`WROWS`] tiles from
-/// its matrix's start: a row's tile is the same however the group is split, and so its result.
+/// The group's rows in chunks, a few per thread, each a whole number of [`GROUP`]s from its
+/// matrix's start: a row's tile (or group) is the same however the group is split, and so its
+/// result.
 fn work<'a, 'o>(
     matrices: &[Matrix<'a>],
     kinds: &[Kind],
@@ -204,8 +263,8 @@ fn work<'a, 'o>(
     let total: usize = matrices.iter().map(|w| w.rows).sum();
     let chunk = total
         .div_ceil(4 * rayon::current_num_threads())
-        .max(16)
-        .next_multiple_of(WROWS);
+        .max(GROUP)
+        .next_multiple_of(GROUP);
     let mut items = Vec::new();
     for ((matrix, kind), out) in matrices.iter().zip(kinds).zip(outs) {
         let row_bytes = k / kind.values * kind.block_bytes;
@@ -213,7 +272,7 @@ fn work<'a, 'o>(
             .data
             .chunks(chunk * row_bytes)
             .zip(out.chunks_mut(chunk * m));
-        items.extend(chunks.map(|(data, out)| (*kind, data, out)));
+        items.extend(chunks.map(|(data, out)| (*kind, matrix.layout, data, out)));
     }
     items
 }
@@ -227,15 +286,20 @@ struct Kind {
     /// Whether its activations are [`kquants::BlockQ8K`] rather than [`BlockQ8`].
     super_blocks: bool,
     chunk: fn(Cpu, &[u8], &Quantized, usize, &mut [f32]),
+    /// Where the type has an interleaved layout.
+    #[cfg(target_arch = "x86_64")]
+    interleaved: Option<Interleaved>,
 }
 
 impl Kind {
     fn of(dtype: GgmlDType) -> Option<Kind> {
         Some(match dtype {
-            GgmlDType::Q4_0 => Kind::new::<BlockQ4_0>(),
-            GgmlDType::Q4_1 => Kind::new::<BlockQ4_1>(),
+            GgmlDType::Q4_0 => Kind::new::<BlockQ4_0>().interleaving::<BlockQ4_0>(),
+            GgmlDType::Q4_1 => Kind::new::<BlockQ4_1>().interleaving::<BlockQ4_1>(),
             GgmlDType::Q8_0 => Kind::new::<BlockQ8_0>(),
-            GgmlDType::Q5_0 => Kind::new::<kquants::BlockQ5_0>(),
+            GgmlDType::Q5_0 => {
+                Kind::new::<kquants::BlockQ5_0>().interleaving::<kquants::BlockQ5_0>()
+            }
             GgmlDType::Q4K => Kind::new::<kquants::BlockQ4K>(),
             GgmlDType::Q6K => Kind::new::<kquants::BlockQ6K>(),
             _ => return None,
@@ -248,10 +312,35 @@ impl Kind {
             block_bytes: std::mem::size_of::<W>(),
             super_blocks: W::X::VALUES != BLOCK,
             chunk: chunk::<W>,
+            #[cfg(target_arch = "x86_64")]
+            interleaved: None,
         }
     }
 
-    /// The kind of `matrix`, whose rows of `k` values must be whole blocks of its type.
+    /// With [`Layout::Interleaved`]'s copy and kernel for `W` (on x86_64, where the AVX-512
+    /// kernel for it exists).
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        allow(clippy::extra_unused_type_parameters)
+    )]
+    fn interleaving<W: Interleavable>(self) -> Kind {
+        #[cfg(target_arch = "x86_64")]
+        return Kind {
+            interleaved: Some(Interleaved {
+                copy: |data, shape| {
+                    // SAFETY: `data` is whole blocks of `W` ([`Kind::checked`]).
+                    interleaved::interleave(unsafe { blocks::<W>(data) }, shape)
+                },
+                chunk: interleaved::chunk::<W>,
+            }),
+            ..self
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        self
+    }
+
+    /// The kind of `matrix`, whose rows of `k` values must be whole blocks of its type, in its
+    /// layout (interleaved: whole groups of 16 rows, and only for the types that have one).
     fn checked(matrix: &Matrix<'_>, k: usize) -> Result<Kind> {
         let (dtype, n) = (matrix.dtype, matrix.rows);
         let Some(kind) = Kind::of(dtype) else {
@@ -263,14 +352,56 @@ impl Kind {
                 kind.values
             );
         }
-        if matrix.data.len() != n * (k / kind.values) * kind.block_bytes {
+        let stored_rows = match matrix.layout {
+            Layout::Stored => n,
+            Layout::Interleaved if kind.has_interleaved() => n.next_multiple_of(GROUP),
+            Layout::Interleaved => bail!("quantized matmul: no interleaved layout for {dtype:?}"),
+        };
+        if matrix.data.len() != stored_rows * (k / kind.values) * kind.block_bytes {
             bail!(
-                "quantized matmul: {} bytes are not a ({n}, {k}) {dtype:?} matrix",
-                matrix.data.len()
+                "quantized matmul: {} bytes are not a ({n}, {k}) {dtype:?} matrix ({:?})",
+                matrix.data.len(),
+                matrix.layout
             );
         }
         Ok(kind)
     }
+
+    fn has_interleaved(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return self.interleaved.is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+}
+
+/// [`Layout::Interleaved`] for a type: the copy of `(n, k / BLOCK)` stored blocks, and the
+/// AVX-512 kernel of a chunk of whole groups.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Interleaved {
+    copy: fn(&[u8], (usize, usize)) -> Vec<u8>,
+    chunk: fn(avx512::Avx512, &[u8], &[BlockQ8], usize, &mut [f32]),
+}
+
+/// The types [`Layout::Interleaved`] holds: those of 16 bytes of nibbles a block.
+#[cfg(target_arch = "x86_64")]
+trait Interleavable: avx2::Nibbles {}
+#[cfg(target_arch = "x86_64")]
+impl<W: avx2::Nibbles> Interleavable for W {}
+#[cfg(not(target_arch = "x86_64"))]
+trait Interleavable {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<W> Interleavable for W {}
+
+/// `data` read as blocks of `W`.
+///
+/// # Safety
+/// `W` must be a `repr(C)` struct of byte arrays (alignment 1, no padding, any bit pattern
+/// valid), and `data` whole blocks of it.
+unsafe fn blocks<W>(data: &[u8]) -> &[W] {
+    // SAFETY: the caller's promise.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<W>(), data.len() / size_of::<W>()) }
 }
 
 /// A [`Path`] this CPU was checked to run.
@@ -331,11 +462,9 @@ impl Quantized {
 
 /// Computes the rows of type `W` in `data` (whole rows of `k` values) into `out`.
 fn chunk<W: Block>(cpu: Cpu, data: &[u8], x: &Quantized, k: usize, out: &mut [f32]) {
-    // SAFETY: `W` is a `repr(C)` struct of byte arrays (alignment 1, no padding, any bit
-    // pattern valid), and `data` is whole blocks of it ([`Kind::checked`], [`work`]).
-    let w = unsafe {
-        std::slice::from_raw_parts(data.as_ptr().cast::<W>(), data.len() / size_of::<W>())
-    };
+    // SAFETY: every `Block` is such a struct, and `data` is whole blocks of it
+    // ([`Kind::checked`], [`work`]).
+    let w = unsafe { blocks::<W>(data) };
     let x = W::X::of(x);
     let blocks = (k / W::VALUES, k / W::X::VALUES);
     match cpu {
