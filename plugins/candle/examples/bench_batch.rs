@@ -2,7 +2,8 @@
 //! 1. one packed pass of N decode rows (each sequence after its own prompt, the passes in a
 //!    rayon pool as the backend runs them) timed against N = 1: decode is memory-bound, so a
 //!    pass of 8 rows should cost far less than 8 single-row passes, and the "vs N x 1" column
-//!    says how far;
+//!    says how far; and what a pass allocates (every thread's heap allocations, counted by
+//!    this program's allocator);
 //! 2. N threads generating at once through the backend (as `serve`'s workers do): aggregate
 //!    tokens/s against one thread's, and the mean rows per decode pass the batcher formed.
 //!
@@ -12,7 +13,9 @@
 //! `BENCH_STEPS=24` (passes per size), `BENCH_THREADS=1,8` (concurrent generations of
 //! `BENCH_TOKENS=48` tokens each).
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -27,6 +30,43 @@ use lmhost_plugin_api::{
 const MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const TEXT: &str = "The quick brown fox jumps over the lazy dog while the committee debates the \
                     budget for the new library, and nobody remembers who ordered pizza. ";
+
+/// The system allocator, counting allocations (reallocations too) and the bytes asked for.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed on to `System` unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's promises, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations and bytes so far.
+fn allocated() -> (u64, u64) {
+    (
+        ALLOCATIONS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    )
+}
 
 fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_string())
@@ -58,8 +98,8 @@ fn main() -> anyhow::Result<()> {
     let pool = rayon::ThreadPoolBuilder::new().build()?;
     let mut base = None;
     println!("1. packed decode passes, SmolLM2 weights={weights_opt}, {context} prompt tokens each, {steps} passes per size");
-    println!("| rows | ms per pass | ms per row | vs N x 1 |");
-    println!("| --- | --- | --- | --- |");
+    println!("| rows | ms per pass | ms per row | vs N x 1 | allocations per pass | KiB allocated per pass |");
+    println!("| --- | --- | --- | --- | --- | --- |");
     for &n in &sizes {
         // Each row its own sequence, offset by one token so the states differ.
         let mut states: Vec<KvState> = (0..n)
@@ -86,16 +126,20 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         };
         pass(&mut states)?;
+        let (count, bytes) = allocated();
         let t = Instant::now();
         for _ in 0..steps {
             pass(&mut states)?;
         }
         let ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        let (count, bytes) = (allocated().0 - count, allocated().1 - bytes);
         let one = *base.get_or_insert(ms);
         println!(
-            "| {n} | {ms:.2} | {:.2} | {:.2}x |",
+            "| {n} | {ms:.2} | {:.2} | {:.2}x | {} | {:.0} |",
             ms / n as f64,
-            ms / (one * n as f64)
+            ms / (one * n as f64),
+            count / steps as u64,
+            bytes as f64 / 1024.0 / steps as f64
         );
     }
     let threads: Vec<usize> = env_or("BENCH_THREADS", "1,8")
