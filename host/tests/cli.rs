@@ -91,3 +91,38 @@ fn a_missing_conversation_file_is_named() {
         stderr(&output)
     );
 }
+
+/// `serve` loads the model before it listens: a model file that is not there stops it with
+/// the path named and a non-zero exit, instead of a server that answers every request 503.
+#[test]
+fn serve_exits_naming_a_model_that_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("missing.toml");
+    std::fs::write(
+        &config,
+        "[backend]\nkind = \"candle\"\nmodel_id = \"/nowhere/model.gguf\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lmhost"))
+        .args(["serve", "--port", "0", "--config"])
+        .arg(&config)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lmhost runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("lmhost serve kept running with a model that cannot load");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success());
+    let text = stderr(&output);
+    assert!(
+        text.contains("/nowhere/model.gguf") && !text.contains("lmhost serve: `"),
+        "{text}"
+    );
+}
