@@ -132,7 +132,10 @@ fn main() -> anyhow::Result<()> {
             pass(&mut states)?;
         }
         let ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
-        let (count, bytes) = (allocated().0 - count, allocated().1 - bytes);
+        let (count, bytes) = {
+            let (now_count, now_bytes) = allocated();
+            (now_count - count, now_bytes - bytes)
+        };
         let one = *base.get_or_insert(ms);
         println!(
             "| {n} | {ms:.2} | {:.2} | {:.2}x | {} | {:.0} |",

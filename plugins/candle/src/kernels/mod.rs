@@ -294,12 +294,10 @@ struct Kind {
 impl Kind {
     fn of(dtype: GgmlDType) -> Option<Kind> {
         Some(match dtype {
-            GgmlDType::Q4_0 => Kind::new::<BlockQ4_0>().interleaving::<BlockQ4_0>(),
-            GgmlDType::Q4_1 => Kind::new::<BlockQ4_1>().interleaving::<BlockQ4_1>(),
+            GgmlDType::Q4_0 => Kind::nibbles::<BlockQ4_0>(),
+            GgmlDType::Q4_1 => Kind::nibbles::<BlockQ4_1>(),
             GgmlDType::Q8_0 => Kind::new::<BlockQ8_0>(),
-            GgmlDType::Q5_0 => {
-                Kind::new::<kquants::BlockQ5_0>().interleaving::<kquants::BlockQ5_0>()
-            }
+            GgmlDType::Q5_0 => Kind::nibbles::<kquants::BlockQ5_0>(),
             GgmlDType::Q4K => Kind::new::<kquants::BlockQ4K>(),
             GgmlDType::Q6K => Kind::new::<kquants::BlockQ6K>(),
             _ => return None,
@@ -317,15 +315,10 @@ impl Kind {
         }
     }
 
-    /// With [`Layout::Interleaved`]'s copy and kernel for `W` (on x86_64, where the AVX-512
-    /// kernel for it exists).
-    #[cfg_attr(
-        not(target_arch = "x86_64"),
-        allow(clippy::extra_unused_type_parameters)
-    )]
-    fn interleaving<W: Interleavable>(self) -> Kind {
-        #[cfg(target_arch = "x86_64")]
-        return Kind {
+    /// A nibble type, with [`Layout::Interleaved`]'s copy and AVX-512 kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn nibbles<W: Block + avx2::Nibbles>() -> Kind {
+        Kind {
             interleaved: Some(Interleaved {
                 copy: |data, shape| {
                     // SAFETY: `data` is whole blocks of `W` ([`Kind::checked`]).
@@ -333,10 +326,14 @@ impl Kind {
                 },
                 chunk: interleaved::chunk::<W>,
             }),
-            ..self
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        self
+            ..Kind::new::<W>()
+        }
+    }
+
+    /// A nibble type: no interleaved layout off x86_64.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn nibbles<W: Block>() -> Kind {
+        Kind::new::<W>()
     }
 
     /// The kind of `matrix`, whose rows of `k` values must be whole blocks of its type, in its
@@ -383,16 +380,6 @@ struct Interleaved {
     copy: fn(&[u8], (usize, usize)) -> Vec<u8>,
     chunk: fn(avx512::Avx512, &[u8], &[BlockQ8], usize, &mut [f32]),
 }
-
-/// The types [`Layout::Interleaved`] holds: those of 16 bytes of nibbles a block.
-#[cfg(target_arch = "x86_64")]
-trait Interleavable: avx2::Nibbles {}
-#[cfg(target_arch = "x86_64")]
-impl<W: avx2::Nibbles> Interleavable for W {}
-#[cfg(not(target_arch = "x86_64"))]
-trait Interleavable {}
-#[cfg(not(target_arch = "x86_64"))]
-impl<W> Interleavable for W {}
 
 /// `data` read as blocks of `W`.
 ///
