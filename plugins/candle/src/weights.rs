@@ -533,6 +533,50 @@ impl Linear {
     }
 }
 
+/// A token-embedding table and the output layer tied to it. The layer is built first, holding
+/// the only reference to quantized CPU blocks, so that it may keep them in the layout its
+/// kernel reads fastest ([`kernels::interleave`]) in place of the stored ones; the table then
+/// looks its rows up in the layer (bit for bit the values the stored blocks hold): in its
+/// dense prefill copy (`auto` on CPU, `mixed`), or in its blocks (`compact`). Formats whose
+/// layer holds other values (requantized, or a dtype's rounding) or that compute through
+/// candle keep the table beside the layer, sharing the stored blocks ([`Embedding::new`]).
+pub fn tied(w: Weight, format: WeightFormat, dtype: DType) -> Result<(Embedding, Linear)> {
+    let layer_first = match &w {
+        Weight::Quantized(q) if q.device().is_cpu() && kernels::supports(q.dtype()) => match format
+        {
+            WeightFormat::Compact => true,
+            WeightFormat::Auto | WeightFormat::Mixed => {
+                format.decode_copy(true, dtype, &w.device())
+            }
+            _ => false,
+        },
+        _ => false,
+    };
+    if !layer_first {
+        let embedding = Embedding::new(&w, dtype)?;
+        return Ok((embedding, Linear::new(w, None, format, dtype)?));
+    }
+    let linear = Linear::new(w, None, format, dtype)?;
+    let table = match &linear.prefill {
+        Kernel::Candle(QMatMul::Tensor(dense)) => Table::Dense(dense.clone()),
+        Kernel::Ours(Blocks {
+            data: BlockData::Stored(q),
+            ..
+        }) => Table::Quantized(q.clone()),
+        Kernel::Ours(Blocks {
+            dtype,
+            shape,
+            data: BlockData::Interleaved(data),
+        }) => Table::Interleaved {
+            dtype: *dtype,
+            shape: *shape,
+            data: data.clone(),
+        },
+        _ => candle_core::bail!("a tied output layer without the table's values"),
+    };
+    Ok((Embedding { table, dtype }, linear))
+}
+
 /// A token-embedding table. A quantized table on CPU stays as stored and dequantizes only the
 /// rows looked up (the values a dense copy would hold), so a 7B model's table costs its size in
 /// the file, not four bytes a value.
@@ -544,6 +588,13 @@ pub struct Embedding {
 enum Table {
     Dense(Tensor),
     Quantized(Arc<QTensor>),
+    /// The interleaved blocks of the output layer tied to the table ([`tied`]), `shape`
+    /// `(rows, k)`.
+    Interleaved {
+        dtype: GgmlDType,
+        shape: (usize, usize),
+        data: Arc<Vec<u8>>,
+    },
 }
 
 impl Embedding {
@@ -561,6 +612,15 @@ impl Embedding {
         match &self.table {
             Table::Dense(t) => t.index_select(ids, 0),
             Table::Quantized(q) => q.embedding(ids)?.to_dtype(self.dtype),
+            Table::Interleaved { dtype, shape, data } => {
+                let ids: Vec<usize> = ids
+                    .to_vec1::<u32>()?
+                    .into_iter()
+                    .map(|i| i as usize)
+                    .collect();
+                let rows = kernels::interleaved_rows(*dtype, data, *shape, &ids)?;
+                Tensor::from_vec(rows, (ids.len(), shape.1), &Device::Cpu)?.to_dtype(self.dtype)
+            }
         }
     }
 
@@ -568,6 +628,7 @@ impl Embedding {
         match &self.table {
             Table::Dense(t) => t.device().clone(),
             Table::Quantized(q) => q.device(),
+            Table::Interleaved { .. } => Device::Cpu,
         }
     }
 }
@@ -617,6 +678,45 @@ mod tests {
         assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
         assert!(std::panic::catch_unwind(|| generating(|| panic!("in a decode step"))).is_err());
         assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
+        Ok(())
+    }
+
+    /// A tied table looks up the rows the stored blocks hold in every format, whichever copy it
+    /// reads them from (`auto`'s: the layer's dense prefill copy; `compact`'s: the layer's
+    /// blocks, interleaved on AVX-512), and the tied layer computes what the same layer untied
+    /// (sharing the stored blocks) does, within what the summation order moves.
+    #[test]
+    fn a_tied_table_reads_the_stored_rows_and_its_layer_computes_as_untied() -> Result<()> {
+        let dense = Tensor::randn(0f32, 1.0, (40, 64), &Device::Cpu)?;
+        let quantized = || -> Result<Weight> {
+            Ok(Weight::Quantized(Arc::new(QTensor::quantize(
+                &dense,
+                GgmlDType::Q8_0,
+            )?)))
+        };
+        let ids = Tensor::new(&[3u32, 0, 39, 3], &Device::Cpu)?;
+        let x = Tensor::randn(0f32, 1.0, (3, 64), &Device::Cpu)?;
+        let diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
+            a.sub(b)?.abs()?.max_all()?.to_scalar::<f32>()
+        };
+        let w = quantized()?;
+        let rows = Embedding::new(&w, DType::F32)?.forward(&ids)?;
+        for format in [
+            WeightFormat::Auto,
+            WeightFormat::Mixed,
+            WeightFormat::Compact,
+            WeightFormat::AsStored,
+            WeightFormat::Q4_0,
+        ] {
+            let (table, layer) = tied(quantized()?, format, DType::F32)?;
+            assert_eq!(diff(&table.forward(&ids)?, &rows)?, 0.0, "{format:?}");
+            let untied = Linear::new(w.clone(), None, format, DType::F32)?;
+            for phase in [prefilling::<Result<_>>, generating] {
+                let (ours, theirs) = phase(|| Ok((layer.forward(&x)?, untied.forward(&x)?)))?;
+                let scale = theirs.abs()?.max_all()?.to_scalar::<f32>()?;
+                assert!(diff(&ours, &theirs)? <= 1e-5 * scale, "{format:?}");
+            }
+        }
         Ok(())
     }
 

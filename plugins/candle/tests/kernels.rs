@@ -272,8 +272,22 @@ fn wrong_sizes_are_refused() {
         err.contains("interleaved blocks run on the AVX-512 path, not Scalar"),
         "{err}"
     );
-    let err = refused(GgmlDType::Q8_0, &vec![0u8; 16 * 2 * 34], Path::Scalar);
-    assert!(err.contains("no interleaved layout for Q8_0"), "{err}");
+    let q6k = kernels::Matrix {
+        dtype: GgmlDType::Q6K,
+        data: &vec![0u8; 16 * 210],
+        rows: 7,
+        layout: Layout::Interleaved,
+    };
+    let err = kernels::matmul_group(
+        Path::Scalar,
+        &[q6k],
+        (1, 256),
+        &[0.0; 256],
+        &mut [&mut [0.0; 7]],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("no interleaved layout for Q6K"), "{err}");
 }
 
 #[test]
@@ -350,4 +364,41 @@ fn a_group_equals_its_matrices_alone() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("6 matrices and 0 outputs"), "{err}");
+}
+
+/// An interleaved matrix's rows are the values its stored blocks dequantize to, bit for bit,
+/// the padded last group's rows included; a row past the end is refused.
+#[test]
+fn interleaved_rows_are_the_stored_values() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (n, k) = (37, 64);
+    for dtype in [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+    ] {
+        let w = Tensor::from_vec(rng.matrix(n, k), (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, dtype).unwrap();
+        let stored = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let Some(data) =
+            kernels::interleave(Path::Avx512, dtype, &q.data().unwrap(), (n, k)).unwrap()
+        else {
+            continue;
+        };
+        let ids = [0, 36, 5, 16, 15, 0];
+        let rows = kernels::interleaved_rows(dtype, &data, (n, k), &ids).unwrap();
+        for (row, &id) in rows.chunks(k).zip(&ids) {
+            assert_eq!(row, stored[id].as_slice(), "{dtype:?} row {id}");
+        }
+        let err = kernels::interleaved_rows(dtype, &data, (n, k), &[37]).unwrap_err();
+        assert!(
+            err.to_string().contains("row 37 of a matrix of 37 rows"),
+            "{err}"
+        );
+    }
 }

@@ -5,7 +5,7 @@
 //!
 //! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K (SmolLM2's GGUF, a Q4_K_M file's mix, and the
 //! requantized formats), read in place from a candle `QTensor`'s bytes ([`Layout::Stored`]) or,
-//! for the nibble types on AVX-512, from a copy made once with 16 rows' blocks side by side
+//! for Q4_0, Q4_1, Q5_0 and Q8_0 on AVX-512, from a copy made once with 16 rows' blocks side by side
 //! ([`Layout::Interleaved`], see `interleaved.rs`). The K-quants' 256-value super-blocks meet
 //! llama.cpp's Q8_K activations ([`kquants::BlockQ8K`]), one scale per 256 values, so that a
 //! super-block's sums stay integers until its one scaling. The fastest path this CPU has is
@@ -132,7 +132,7 @@ impl<'a> Matrix<'a> {
 }
 
 /// The stored `(n, k)` matrix `data` of `dtype` in the layout `path` computes it fastest in,
-/// where that is not the stored one: [`Layout::Interleaved`] for Q4_0, Q4_1 and Q5_0 on
+/// where that is not the stored one: [`Layout::Interleaved`] for Q4_0, Q4_1, Q5_0 and Q8_0 on
 /// AVX-512. The same number of bytes (a last group of fewer than 16 rows is padded).
 pub fn interleave(
     path: Path,
@@ -147,6 +147,34 @@ pub fn interleave(
     }
     let _ = (path, kind);
     Ok(None)
+}
+
+/// Rows `ids` of the interleaved `(n, k)` matrix `data` of `dtype` ([`interleave`]'s copy),
+/// `(ids, k)` row-major: the values the stored blocks dequantize to, bit for bit.
+pub fn interleaved_rows(
+    dtype: GgmlDType,
+    data: &[u8],
+    (n, k): (usize, usize),
+    ids: &[usize],
+) -> Result<Vec<f32>> {
+    let matrix = Matrix {
+        dtype,
+        data,
+        rows: n,
+        layout: Layout::Interleaved,
+    };
+    Kind::checked(&matrix, k)?;
+    if let Some(bad) = ids.iter().find(|&&r| r >= n) {
+        bail!("row {bad} of a matrix of {n} rows");
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut out = vec![0f32; ids.len() * k];
+        interleaved::rows(dtype, data, k / BLOCK, ids, &mut out);
+        Ok(out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    bail!("quantized matmul: no interleaved layout off x86_64")
 }
 
 /// `dsts[i] = lhs · Wᵢᵀ` for matrices that share their input (q, k and v; gate and up), each
@@ -296,7 +324,7 @@ impl Kind {
         Some(match dtype {
             GgmlDType::Q4_0 => Kind::nibbles::<BlockQ4_0>(),
             GgmlDType::Q4_1 => Kind::nibbles::<BlockQ4_1>(),
-            GgmlDType::Q8_0 => Kind::new::<BlockQ8_0>(),
+            GgmlDType::Q8_0 => Kind::q8_0(),
             GgmlDType::Q5_0 => Kind::nibbles::<kquants::BlockQ5_0>(),
             GgmlDType::Q4K => Kind::new::<kquants::BlockQ4K>(),
             GgmlDType::Q6K => Kind::new::<kquants::BlockQ6K>(),
@@ -328,6 +356,27 @@ impl Kind {
             }),
             ..Kind::new::<W>()
         }
+    }
+
+    /// Q8_0, with [`Layout::Interleaved`]'s copy and AVX-512 kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn q8_0() -> Kind {
+        Kind {
+            interleaved: Some(Interleaved {
+                copy: |data, shape| {
+                    // SAFETY: `data` is whole Q8_0 blocks ([`Kind::checked`]).
+                    interleaved::interleave_q8_0(unsafe { blocks::<BlockQ8_0>(data) }, shape)
+                },
+                chunk: interleaved::chunk_q8_0,
+            }),
+            ..Kind::new::<BlockQ8_0>()
+        }
+    }
+
+    /// Q8_0: no interleaved layout off x86_64.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn q8_0() -> Kind {
+        Kind::new::<BlockQ8_0>()
     }
 
     /// A nibble type: no interleaved layout off x86_64.

@@ -17,7 +17,7 @@ use super::rope::{Rope, RopeRows};
 use super::{attend_packed, packed_logits, PackedRows, Seq};
 use crate::attention::Attention;
 use crate::kv::KvState;
-use crate::weights::{Embedding, Linear, Weight, WeightSource};
+use crate::weights::{self, Embedding, Linear, Weight, WeightSource};
 
 pub type LoadResult<T> = std::result::Result<T, String>;
 
@@ -90,6 +90,24 @@ impl Block {
         self.down.forward(&glu::gated(Act::Silu, &gate, &up)?)
     }
 }
+
+/// The token table `w`, and the output layer tied to it unless the model has its own
+/// (`untied`).
+pub fn embedding(
+    w: Weight,
+    untied: bool,
+    opts: &BuildOptions,
+) -> LoadResult<(Embedding, Option<Linear>)> {
+    if untied {
+        let embed = Embedding::new(&w, opts.dtype).map_err(candle_err(EMBED))?;
+        return Ok((embed, None));
+    }
+    let (embed, lm_head) = weights::tied(w, opts.format, opts.dtype).map_err(candle_err(EMBED))?;
+    Ok((embed, Some(lm_head)))
+}
+
+/// The token table's name.
+pub const EMBED: &str = "model.embed_tokens.weight";
 
 /// Names the tensor in a candle error.
 pub fn candle_err(name: &str) -> impl Fn(candle_core::Error) -> String + '_ {
@@ -191,17 +209,16 @@ impl Decoder {
         let mut loader = Loader { src, opts: &opts };
         let factors = loader.rope_factors(&cfg)?;
         let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
-        let embed_w = loader.weight("model.embed_tokens.weight", &[vocab, h])?;
-        let embed = Embedding::new(&embed_w, opts.dtype)
-            .map_err(candle_err("model.embed_tokens.weight"))?;
+        let embed_w = loader.weight(EMBED, &[vocab, h])?;
+        let untied = !cfg.tie_word_embeddings && loader.src.contains("lm_head.weight");
+        let (embed, tied_head) = embedding(embed_w, untied, &opts)?;
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| block(&mut loader, &cfg, i))
             .collect::<LoadResult<Vec<_>>>()?;
         let norm = loader.norm("model.norm", h, cfg.rms_norm_eps)?;
-        let lm_head = if !cfg.tie_word_embeddings && loader.src.contains("lm_head.weight") {
-            loader.linear("lm_head", vocab, h, false)?
-        } else {
-            Linear::new(embed_w, None, opts.format, opts.dtype).map_err(candle_err("lm_head"))?
+        let lm_head = match tied_head {
+            Some(lm_head) => lm_head,
+            None => loader.linear("lm_head", vocab, h, false)?,
         };
         let max_context = opts.max_context.min(cfg.max_position_embeddings).max(1);
         let rope = Rope::new(

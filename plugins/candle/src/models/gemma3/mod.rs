@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
 
-use super::decoder::{candle_err, LoadResult, Loader, RmsNorm};
+use super::decoder::{embedding, LoadResult, Loader, RmsNorm, EMBED};
 use super::glu::{self, Act};
 use super::llama::BuildOptions;
 use super::rope::{Rope, RopeRows};
@@ -103,17 +103,16 @@ impl Gemma3 {
         cfg.validate()?;
         let mut loader = Loader { src, opts: &opts };
         let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
-        let embed_w = loader.weight("model.embed_tokens.weight", &[vocab, h])?;
-        let embed = Embedding::new(&embed_w, opts.dtype)
-            .map_err(candle_err("model.embed_tokens.weight"))?;
+        let embed_w = loader.weight(EMBED, &[vocab, h])?;
+        let untied = loader.src.contains("lm_head.weight");
+        let (embed, tied_head) = embedding(embed_w, untied, &opts)?;
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| block(&mut loader, &cfg, i))
             .collect::<LoadResult<Vec<_>>>()?;
         let norm = loader.norm("model.norm", h, cfg.rms_norm_eps)?;
-        let lm_head = if loader.src.contains("lm_head.weight") {
-            loader.linear("lm_head", vocab, h, false)?
-        } else {
-            Linear::new(embed_w, None, opts.format, opts.dtype).map_err(candle_err("lm_head"))?
+        let lm_head = match tied_head {
+            Some(lm_head) => lm_head,
+            None => loader.linear("lm_head", vocab, h, false)?,
         };
         let max_context = opts.max_context.min(cfg.max_position_embeddings).max(1);
         // Linear scaling divides every frequency by the factor; halves rotate (not interleaved).
