@@ -345,17 +345,17 @@ mod tests {
         }
     }
 
-    /// Three sequences at different positions (key counts that are not a multiple of the SIMD
-    /// path's four), keys read as views of larger buffers (as a state holds them), one sliding
-    /// window.
+    /// Four sequences at different positions (key counts that are not a multiple of the SIMD
+    /// path's four, and 21: two 8-wide softmax steps and a tail), keys read as views of larger
+    /// buffers (as a state holds them), one sliding window.
     fn decode_rows_agree_with_eager(d: usize) {
         let (heads, kv_heads) = (6, 2);
-        let rows = [(0, None), (4, None), (9, Some(3))];
+        let rows = [(0, None), (4, None), (9, Some(3)), (20, None)];
         let q = rand((1, heads, rows.len(), d), 0.3);
         let buffers: Vec<(Tensor, Tensor)> = (0..rows.len())
             .map(|i| {
-                let k = rand((1, kv_heads, 16, d), 1.1 + i as f64);
-                let v = rand((1, kv_heads, 16, d), 2.9 + i as f64);
+                let k = rand((1, kv_heads, 24, d), 1.1 + i as f64);
+                let v = rand((1, kv_heads, 24, d), 2.9 + i as f64);
                 (k, v)
             })
             .collect();
