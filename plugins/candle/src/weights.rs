@@ -14,8 +14,8 @@
 //! prefill of many rows runs 4-6x faster, but a Q4_K model takes about 2.3x its file size.
 //! `compact` runs the stored blocks instead, no second copy: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and
 //! Q6_K through our own kernels ([`crate::kernels`], llama.cpp's integer dot products; on
-//! AVX-512 the nibble types interleaved, a copy of the same size made at load in place of the
-//! stored blocks), other types through candle's unpacked ones.
+//! AVX-512 Q4_0, Q4_1, Q5_0 and Q8_0 interleaved, a copy of the same size made at load in
+//! place of the stored blocks), other types through candle's unpacked ones.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -271,8 +271,8 @@ impl Kernel {
 
 /// A quantized CPU matrix for our kernels: the stored blocks, read in place, or where the
 /// fastest path has a layout of its own for the type ([`kernels::interleave`]) and nothing
-/// else holds the stored blocks (a tied embedding table does), that layout, made once in place
-/// of them.
+/// else holds the stored blocks (a tied table under [`Embedding::new`] does; [`tied`] lets
+/// the layer hold them alone), that layout, made once in place of them.
 #[derive(Debug, Clone)]
 struct Blocks {
     dtype: GgmlDType,

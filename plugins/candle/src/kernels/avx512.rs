@@ -1,8 +1,9 @@
-//! The AVX-512 VNNI dot products. Four weight rows are computed together, one per 128-bit lane:
-//! the lanes take block `i` of each row, the activation block is broadcast to all four, and
-//! `vpdpbusd` sums four u8 × i8 products straight into each i32 lane (AVX2 needs two
-//! instructions and a detour through i16). The four rows' f16 scales convert in one
-//! instruction, and each loaded weight block serves up to [`ROWS`] activation rows.
+//! The AVX-512 VNNI dot products. On stored blocks four weight rows are computed together, one
+//! per 128-bit lane: the lanes take block `i` of each row, the activation block is broadcast
+//! to all four, and `vpdpbusd` sums four u8 × i8 products straight into each i32 lane (AVX2
+//! needs two instructions and a detour through i16). The four rows' f16 scales convert in one
+//! instruction, and each loaded weight block serves up to [`ROWS`] activation rows. On
+//! [`super::interleaved`] groups each 32-bit lane is one of 16 rows.
 
 use std::arch::x86_64::*;
 
