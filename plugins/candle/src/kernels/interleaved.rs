@@ -149,15 +149,15 @@ pub(super) fn rows(dtype: GgmlDType, data: &[u8], kb: usize, ids: &[usize], out:
     let group = GROUP * kb * block_bytes;
     for (&r, out) in ids.iter().zip(out.chunks_exact_mut(kb * BLOCK)) {
         let (g, l) = (r / GROUP, r % GROUP);
-        for (i, values) in out.chunks_exact_mut(BLOCK).enumerate() {
+        for (i, values) in out.as_chunks_mut::<BLOCK>().0.iter_mut().enumerate() {
             let b = &data[g * group + i * GROUP * block_bytes..][..GROUP * block_bytes];
-            let values: &mut [f32; BLOCK] = values.try_into().expect("a block of values");
             block(dtype, b, l, values);
         }
     }
 }
 
-/// Row `l`'s values of one group block `b` (see the layout above).
+/// Row `l`'s values of one group block `b` (see the layout above) of Q8_0, Q4_1, Q5_0 or
+/// else Q4_0 (the types with the layout).
 fn block(dtype: GgmlDType, b: &[u8], l: usize, values: &mut [f32; BLOCK]) {
     let f16_at = |at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     let d = f16_at(2 * l);
