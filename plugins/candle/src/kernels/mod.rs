@@ -8,9 +8,10 @@
 //! for Q4_0, Q4_1, Q5_0 and Q8_0 on AVX-512, from a copy made once with 16 rows' blocks side
 //! by side ([`Layout::Interleaved`], see `interleaved.rs`). The K-quants' 256-value
 //! super-blocks meet llama.cpp's Q8_K activations ([`kquants::BlockQ8K`]), one scale per 256
-//! values, so that a super-block's sums stay integers until its one scaling. The fastest path this CPU has is
-//! chosen at run time: AVX-512 VNNI (Q4_0, Q4_1, Q5_0, Q8_0; the K-quants through AVX2), AVX2,
-//! or the scalar one, which runs everywhere and computes the same integer sums.
+//! values, so that a super-block's sums stay integers until its one scaling. The fastest path
+//! this CPU has is chosen at run time: AVX-512 VNNI (Q4_0, Q4_1, Q5_0, Q8_0; the K-quants
+//! through AVX2), AVX2, or the scalar one, which runs everywhere and computes the same integer
+//! sums.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
