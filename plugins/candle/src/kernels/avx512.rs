@@ -278,20 +278,14 @@ unsafe fn interleaved<W: Nibbles, const N: usize>(
         }
         for (acc, x) in acc.iter_mut().zip(xs) {
             let x = &x[i];
-            let quad = |c: usize| {
-                let q = &x.qs[4 * c..4 * c + 4];
-                _mm512_set1_epi32(i32::from_le_bytes(
-                    [q[0], q[1], q[2], q[3]].map(|v| v as u8),
-                ))
-            };
             let start = _mm512_set1_epi32(offset * x.sum as i32);
             let (mut s0, mut s1) = (
-                _mm512_dpbusd_epi32(start, lo[0], quad(0)),
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], quad(4)),
+                _mm512_dpbusd_epi32(start, lo[0], quad(x, 0)),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], quad(x, 4)),
             );
             for c in 1..4 {
-                s0 = _mm512_dpbusd_epi32(s0, lo[c], quad(c));
-                s1 = _mm512_dpbusd_epi32(s1, hi[c], quad(4 + c));
+                s0 = _mm512_dpbusd_epi32(s0, lo[c], quad(x, c));
+                s1 = _mm512_dpbusd_epi32(s1, hi[c], quad(x, 4 + c));
             }
             let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             *acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.d)), sums, *acc);
@@ -300,8 +294,25 @@ unsafe fn interleaved<W: Nibbles, const N: usize>(
             }
         }
     }
+    lane_sums(&acc)
+}
+
+/// Values `4c..4c+4` of an activation block, the same four bytes in every 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn quad(x: &BlockQ8, c: usize) -> __m512i {
+    let q = &x.qs[4 * c..4 * c + 4];
+    _mm512_set1_epi32(i32::from_le_bytes(
+        [q[0], q[1], q[2], q[3]].map(|v| v as u8),
+    ))
+}
+
+/// The interleaved kernels' result: `[r][l]`, lane `l` of activation row `r`'s accumulator.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn lane_sums<const N: usize>(acc: &[__m512; N]) -> [[f32; GROUP]; ROWS] {
     let mut out = [[0f32; GROUP]; ROWS];
-    for (out, acc) in out.iter_mut().zip(&acc) {
+    for (out, acc) in out.iter_mut().zip(acc) {
         // SAFETY: `out` is 16 floats.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *acc) };
     }
@@ -341,38 +352,19 @@ unsafe fn interleaved_q8_0<const N: usize>(
         };
         for (acc, x) in acc.iter_mut().zip(xs) {
             let x = &x[i];
-            let quad = |c: usize| {
-                let q = &x.qs[4 * c..4 * c + 4];
-                _mm512_set1_epi32(i32::from_le_bytes(
-                    [q[0], q[1], q[2], q[3]].map(|v| v as u8),
-                ))
-            };
             let start = _mm512_set1_epi32(-128 * x.sum as i32);
-            let mut s: [__m512i; 4] = std::array::from_fn(|c| {
-                _mm512_dpbusd_epi32(
-                    if c == 0 {
-                        start
-                    } else {
-                        _mm512_setzero_si512()
-                    },
-                    q[c],
-                    quad(c),
-                )
-            });
-            for c in 4..8 {
-                s[c % 4] = _mm512_dpbusd_epi32(s[c % 4], q[c], quad(c));
+            // Four independent sums: a lone row's blocks are a chain of `vpdpbusd`s otherwise.
+            let zero = _mm512_setzero_si512();
+            let mut s = [start, zero, zero, zero];
+            for c in 0..8 {
+                s[c % 4] = _mm512_dpbusd_epi32(s[c % 4], q[c], quad(x, c));
             }
             let (s0, s1) = (_mm512_add_epi32(s[0], s[2]), _mm512_add_epi32(s[1], s[3]));
             let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             *acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.d)), sums, *acc);
         }
     }
-    let mut out = [[0f32; GROUP]; ROWS];
-    for (out, acc) in out.iter_mut().zip(&acc) {
-        // SAFETY: `out` is 16 floats.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *acc) };
-    }
-    out
+    lane_sums(&acc)
 }
 
 /// Signed weights: `vpdpbusd` wants one unsigned operand, so the activations are offset by
