@@ -24,6 +24,8 @@ use candle_core::quantized::k_quants::{self, BlockQ2K, BlockQ3K, BlockQ5K, Block
 use candle_core::quantized::{GgmlDType, GgmlType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 
+use smallvec::SmallVec;
+
 use crate::kernels::{self, Layout, Path};
 
 /// A tensor as a checkpoint stores it. Cloning shares the data (a tied embedding is both the
@@ -301,6 +303,23 @@ impl Blocks {
         Ok(Blocks { dtype, shape, data })
     }
 
+    /// The matrix our kernels read, borrowing the bytes where they lie.
+    fn matrix(&self) -> Result<kernels::Matrix<'_>> {
+        let (data, layout) = match &self.data {
+            BlockData::Stored(q) => match q.data()? {
+                std::borrow::Cow::Borrowed(data) => (data, Layout::Stored),
+                std::borrow::Cow::Owned(_) => candle_core::bail!("blocks off the CPU"),
+            },
+            BlockData::Interleaved(bytes) => (bytes.as_slice(), Layout::Interleaved),
+        };
+        Ok(kernels::Matrix {
+            dtype: self.dtype,
+            data,
+            rows: self.shape.0,
+            layout,
+        })
+    }
+
     /// The bytes and their layout.
     fn bytes(&self) -> Result<(std::borrow::Cow<'_, [u8]>, Layout)> {
         Ok(match &self.data {
@@ -387,11 +406,23 @@ fn ours(ws: &[&Blocks], x: &Tensor) -> Result<Vec<Tensor>> {
         .collect();
     let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0f32; m * n]).collect();
     let mut outs: Vec<&mut [f32]> = dsts.iter_mut().map(Vec::as_mut_slice).collect();
-    kernels::matmul_group(Path::best(), &matrices, (m, k), &lhs, &mut outs)?;
+    kernels::Scratch::with(|scratch| {
+        kernels::matmul_group(Path::best(), &matrices, (m, k), &lhs, &mut outs, scratch)
+    })?;
     dsts.into_iter()
         .zip(&shapes)
         .map(|(dst, &(n, _))| output(x, dst, n))
         .collect()
+}
+
+/// Runs `f` over a contiguous f32 CPU tensor's values where they lie; `None` for any other.
+pub fn f32_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)) = &*storage else {
+        return None;
+    };
+    let (start, end) = layout.contiguous_offsets()?;
+    Some(f(data.get(start..end)?))
 }
 
 /// Refuses an `x` whose last axis is not the `k` of an `(n, k)` weight.
@@ -425,21 +456,55 @@ fn matmul_blocks<T: GgmlType>(
     lhs: &[f32],
     dst: &mut [f32],
 ) -> Result<()> {
+    k_quants::matmul((m, k, n), lhs, blocks_of::<T>(data, (n, k))?, dst)
+}
+
+/// The bytes of a CPU QTensor's `(n, k)` matrix (or of some of its rows) as its blocks.
+fn blocks_of<T: GgmlType>(data: &[u8], (n, k): (usize, usize)) -> Result<&[T]> {
     let size = std::mem::size_of::<T>();
     let whole = data.len() == n * (k / T::BLCK_SIZE) * size && k % T::BLCK_SIZE == 0;
     if !whole || data.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
         candle_core::bail!(
-            "compact matmul: {} bytes are not a ({n}, {k}) {:?} matrix",
+            "{} bytes are not a ({n}, {k}) {:?} matrix",
             data.len(),
             T::DTYPE
         );
     }
     // SAFETY: candle keeps a CPU QTensor as a Vec of its block type (plain structs of integers
-    // and f16, any bit pattern valid) and `data` borrows that Vec's bytes: aligned, whole blocks,
-    // and as many as the shape needs (all checked above).
-    let blocks =
-        unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), data.len() / size) };
-    k_quants::matmul((m, k, n), lhs, blocks, dst)
+    // and floats, any bit pattern valid) and `data` borrows that Vec's bytes (or whole rows of
+    // them): aligned, whole blocks, and as many as the shape needs (all checked above).
+    Ok(unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), data.len() / size) })
+}
+
+/// Row `id` of the CPU QTensor bytes `data` of `dtype` into `out` (one row's values).
+fn dequantize_row(dtype: GgmlDType, data: &[u8], id: usize, out: &mut [f32]) -> Result<()> {
+    fn row<T: GgmlType>(data: &[u8], id: usize, out: &mut [f32]) -> Result<()> {
+        let k = out.len();
+        let bytes = k / T::BLCK_SIZE * std::mem::size_of::<T>();
+        let Some(data) = data.get(id * bytes..(id + 1) * bytes) else {
+            candle_core::bail!("token id {id} is past the embedding table");
+        };
+        T::to_float(blocks_of::<T>(data, (1, k))?, out);
+        Ok(())
+    }
+    use candle_core::quantized::k_quants::*;
+    match dtype {
+        GgmlDType::F32 => row::<f32>(data, id, out),
+        GgmlDType::F16 => row::<half::f16>(data, id, out),
+        GgmlDType::BF16 => row::<half::bf16>(data, id, out),
+        GgmlDType::Q4_0 => row::<BlockQ4_0>(data, id, out),
+        GgmlDType::Q4_1 => row::<BlockQ4_1>(data, id, out),
+        GgmlDType::Q5_0 => row::<BlockQ5_0>(data, id, out),
+        GgmlDType::Q5_1 => row::<BlockQ5_1>(data, id, out),
+        GgmlDType::Q8_0 => row::<BlockQ8_0>(data, id, out),
+        GgmlDType::Q8_1 => row::<BlockQ8_1>(data, id, out),
+        GgmlDType::Q2K => row::<BlockQ2K>(data, id, out),
+        GgmlDType::Q3K => row::<BlockQ3K>(data, id, out),
+        GgmlDType::Q4K => row::<BlockQ4K>(data, id, out),
+        GgmlDType::Q5K => row::<BlockQ5K>(data, id, out),
+        GgmlDType::Q6K => row::<BlockQ6K>(data, id, out),
+        GgmlDType::Q8K => row::<BlockQ8K>(data, id, out),
+    }
 }
 
 /// `w` as stored, through candle's kernels (a dense weight in `dtype`).
@@ -515,6 +580,53 @@ impl Linear {
             .collect::<Result<Vec<_>>>()?;
         <[Tensor; N]>::try_from(ys)
             .map_err(|ys| candle_core::Error::Msg(format!("{} outputs of {N} layers", ys.len())))
+    }
+
+    /// Whether [`Linear::decode_into`] runs this layer: its decode kernel is ours, its bias
+    /// (if any) f32 on CPU.
+    pub fn decodes_in_place(&self) -> bool {
+        let bias = self
+            .bias
+            .as_ref()
+            .is_none_or(|b| f32_values(b, |_| ()).is_some());
+        matches!(self.decode_kernel(), Kernel::Ours(_)) && bias
+    }
+
+    /// `outs[i] = x Wᵢᵀ (+ bᵢ)` through each layer's decode kernel, into the caller's
+    /// buffers: `x` is rows of `k` values, `outs[i]` as many rows of layer `i`'s outputs.
+    /// Allocates nothing once `scratch` is large enough. Every layer must
+    /// [`Linear::decodes_in_place`].
+    pub fn decode_into(
+        layers: &[&Linear],
+        (x, k): (&[f32], usize),
+        outs: &mut [&mut [f32]],
+        scratch: &mut kernels::Scratch,
+    ) -> Result<()> {
+        let matrices = layers
+            .iter()
+            .map(|l| match l.decode_kernel() {
+                Kernel::Ours(blocks) if blocks.shape.1 == k => blocks.matrix(),
+                _ => candle_core::bail!("a layer without our decode kernel for {k} inputs"),
+            })
+            .collect::<Result<SmallVec<[_; 3]>>>()?;
+        let m = x.len() / k.max(1);
+        kernels::matmul_group(Path::best(), &matrices, (m, k), x, outs, scratch)?;
+        for (layer, out) in layers.iter().zip(outs.iter_mut()) {
+            if let Some(bias) = &layer.bias {
+                f32_values(bias, |b| {
+                    for row in out.chunks_exact_mut(b.len().max(1)) {
+                        row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+                    }
+                })
+                .ok_or_else(|| candle_core::Error::Msg("a bias off the CPU".into()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel generating computes with.
+    fn decode_kernel(&self) -> &Kernel {
+        self.decode.as_ref().unwrap_or(&self.prefill)
     }
 
     /// The kernel of this phase.
@@ -621,6 +733,39 @@ impl Embedding {
                 let rows = kernels::interleaved_rows(*dtype, data, *shape, &ids)?;
                 Tensor::from_vec(rows, (ids.len(), shape.1), &Device::Cpu)?.to_dtype(self.dtype)
             }
+        }
+    }
+
+    /// Row `id` into `out` (f32, the values [`Embedding::forward`] gives) where the table lies
+    /// on CPU and the compute dtype is f32, with no allocation; `false` for other tables.
+    pub fn row_into(&self, id: u32, out: &mut [f32]) -> Result<bool> {
+        let (id, k) = (id as usize, out.len());
+        match &self.table {
+            Table::Dense(t) if self.dtype == DType::F32 => {
+                if t.dims().get(1) != Some(&k) {
+                    candle_core::bail!("rows of {k} values from a table shaped {:?}", t.dims());
+                }
+                let row = f32_values(t, |table| {
+                    let row = table.get(id * k..(id + 1) * k);
+                    row.map(|row| out.copy_from_slice(row)).is_some()
+                });
+                match row {
+                    Some(false) => candle_core::bail!("token id {id} is past the embedding table"),
+                    found => Ok(found.is_some()),
+                }
+            }
+            Table::Interleaved { dtype, shape, data } if self.dtype == DType::F32 => {
+                kernels::interleaved_rows_into(*dtype, data, *shape, &[id], out)?;
+                Ok(true)
+            }
+            Table::Quantized(q) if self.dtype == DType::F32 => match q.data()? {
+                std::borrow::Cow::Borrowed(data) => {
+                    dequantize_row(q.dtype(), data, id, out)?;
+                    Ok(true)
+                }
+                std::borrow::Cow::Owned(_) => Ok(false),
+            },
+            _ => Ok(false),
         }
     }
 

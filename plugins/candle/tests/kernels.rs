@@ -107,7 +107,8 @@ fn ours_in(
         layout: *layout,
     };
     let mut dst = vec![0f32; m * n];
-    kernels::matmul_group(path, &[matrix], (m, k), x, &mut [&mut dst]).unwrap();
+    let scratch = &mut kernels::Scratch::default();
+    kernels::matmul_group(path, &[matrix], (m, k), x, &mut [&mut dst], scratch).unwrap();
     dst
 }
 
@@ -257,9 +258,17 @@ fn wrong_sizes_are_refused() {
             layout: Layout::Interleaved,
         };
         let mut dst = [0.0; 7];
-        kernels::matmul_group(path, &[matrix], (1, 64), &[0.0; 64], &mut [&mut dst])
-            .unwrap_err()
-            .to_string()
+        let scratch = &mut kernels::Scratch::default();
+        kernels::matmul_group(
+            path,
+            &[matrix],
+            (1, 64),
+            &[0.0; 64],
+            &mut [&mut dst],
+            scratch,
+        )
+        .unwrap_err()
+        .to_string()
     };
     let err = refused(GgmlDType::Q4_1, &data, Path::Scalar);
     assert!(
@@ -284,6 +293,7 @@ fn wrong_sizes_are_refused() {
         (1, 256),
         &[0.0; 256],
         &mut [&mut [0.0; 7]],
+        &mut kernels::Scratch::default(),
     )
     .unwrap_err()
     .to_string();
@@ -307,7 +317,8 @@ fn k_quant_rows_must_be_whole_super_blocks() {
 
 /// A group computes each matrix as it is computed alone, bit for bit, whatever its types and
 /// row counts (K-quants and 32-value types together, so both kinds of activations), on every
-/// path, for one activation row and several.
+/// path, for one activation row and several, through one scratch kept from call to call (a
+/// larger call's leftovers in it first).
 #[test]
 fn a_group_equals_its_matrices_alone() {
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
@@ -341,11 +352,12 @@ fn a_group_equals_its_matrices_alone() {
                 layout: *layout,
             })
             .collect();
-        for m in [0, 1, 3, 11, 37] {
+        let mut scratch = kernels::Scratch::default();
+        for m in [37, 0, 3, 11, 1] {
             let x = rng.matrix(m, k);
             let mut dsts: Vec<Vec<f32>> = shapes.iter().map(|&(_, n)| vec![0f32; m * n]).collect();
             let mut outs: Vec<&mut [f32]> = dsts.iter_mut().map(Vec::as_mut_slice).collect();
-            kernels::matmul_group(path, &matrices, (m, k), &x, &mut outs).unwrap();
+            kernels::matmul_group(path, &matrices, (m, k), &x, &mut outs, &mut scratch).unwrap();
             for ((q, (&(dtype, n), bytes)), got) in
                 qs.iter().zip(shapes.iter().zip(&bytes)).zip(&dsts)
             {
@@ -360,9 +372,17 @@ fn a_group_equals_its_matrices_alone() {
         .zip(&data)
         .map(|(&(dtype, rows), data)| kernels::Matrix::stored(dtype, data, rows))
         .collect();
-    let err = kernels::matmul_group(Path::Scalar, &matrices, (1, k), &[0.0; 512], &mut [])
-        .unwrap_err()
-        .to_string();
+    let scratch = &mut kernels::Scratch::default();
+    let err = kernels::matmul_group(
+        Path::Scalar,
+        &matrices,
+        (1, k),
+        &[0.0; 512],
+        &mut [],
+        scratch,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("6 matrices and 0 outputs"), "{err}");
 }
 

@@ -65,9 +65,9 @@ impl Avx2 {
     /// makes it (the same divisions, rounding half away from zero): a block in a few dozen
     /// instructions where the scalar loop rounds value by value (an 8-row SmolLM2 decode pass
     /// spent 1.75 of its 24 ms quantizing).
-    pub(super) fn quantize_q8(self, lhs: &[f32]) -> Vec<BlockQ8> {
+    pub(super) fn quantize_q8(self, lhs: &[f32], out: &mut Vec<BlockQ8>) {
         // SAFETY: as above.
-        unsafe { quantize_q8(lhs) }
+        unsafe { quantize_q8(lhs, out) }
     }
 
     /// Q4_0, Q4_1 and Q5_0: up to four weight rows of `wb` blocks (consecutive in `w`) against
@@ -102,11 +102,11 @@ impl Avx2 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn quantize_q8(lhs: &[f32]) -> Vec<BlockQ8> {
+fn quantize_q8(lhs: &[f32], blocks: &mut Vec<BlockQ8>) {
     let sign = _mm256_set1_ps(-0.0);
     let half = _mm256_set1_ps(0.5);
     let one = _mm256_set1_ps(1.0);
-    let mut blocks = Vec::with_capacity(lhs.len() / BLOCK);
+    blocks.reserve(lhs.len() / BLOCK);
     for x in lhs.chunks_exact(BLOCK) {
         let (x, _) = x.as_chunks::<8>();
         // SAFETY: each chunk is 8 readable f32; the loads are unaligned.
@@ -142,7 +142,6 @@ fn quantize_q8(lhs: &[f32]) -> Vec<BlockQ8> {
         unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes) };
         blocks.push(BlockQ8::new(d, sum, qs));
     }
-    blocks
 }
 
 /// The 32-value types with 4-bit nibbles, which the tile kernels (here and in `avx512.rs`)

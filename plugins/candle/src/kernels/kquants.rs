@@ -28,8 +28,8 @@ impl Activations for BlockQ8K {
     /// llama.cpp's `quantize_row_q8_K_ref`: the value of largest magnitude becomes -127, the
     /// others round to the nearest step, ties to even, as its `nearest_int` does.
     #[inline(always)]
-    fn blocks(lhs: &[f32]) -> Vec<BlockQ8K> {
-        let mut blocks = Vec::with_capacity(lhs.len() / QK_K);
+    fn blocks(lhs: &[f32], blocks: &mut Vec<BlockQ8K>) {
+        blocks.reserve(lhs.len() / QK_K);
         for x in lhs.chunks_exact(QK_K) {
             let (mut max, mut amax) = (0f32, 0f32);
             for &v in x {
@@ -54,7 +54,6 @@ impl Activations for BlockQ8K {
             }
             blocks.push(block);
         }
-        blocks
     }
 
     fn of(x: &Quantized) -> &[BlockQ8K] {

@@ -28,6 +28,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{bail, Result};
 use half::f16;
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
 /// Values per activation block, and per weight block in the 32-value types.
 pub const BLOCK: usize = 32;
@@ -108,7 +109,8 @@ pub fn matmul(
     dst: &mut [f32],
 ) -> Result<()> {
     let matrix = Matrix::stored(dtype, data, n);
-    matmul_group(path, &[matrix], (m, k), lhs, &mut [dst])
+    let scratch = &mut Scratch::default();
+    matmul_group(path, &[matrix], (m, k), lhs, &mut [dst], scratch)
 }
 
 /// One matrix of a [`matmul_group`]: its type, its bytes and their layout, its row count.
@@ -158,6 +160,19 @@ pub fn interleaved_rows(
     (n, k): (usize, usize),
     ids: &[usize],
 ) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; ids.len() * k];
+    interleaved_rows_into(dtype, data, (n, k), ids, &mut out)?;
+    Ok(out)
+}
+
+/// [`interleaved_rows`] into `out`, `(ids, k)`.
+pub fn interleaved_rows_into(
+    dtype: GgmlDType,
+    data: &[u8],
+    (n, k): (usize, usize),
+    ids: &[usize],
+    out: &mut [f32],
+) -> Result<()> {
     let matrix = Matrix {
         dtype,
         data,
@@ -168,11 +183,13 @@ pub fn interleaved_rows(
     if let Some(bad) = ids.iter().find(|&&r| r >= n) {
         bail!("row {bad} of a matrix of {n} rows");
     }
+    if out.len() != ids.len() * k {
+        bail!("{} values for {} rows of {k}", out.len(), ids.len());
+    }
     #[cfg(target_arch = "x86_64")]
     {
-        let mut out = vec![0f32; ids.len() * k];
-        interleaved::rows(dtype, data, k / BLOCK, ids, &mut out);
-        Ok(out)
+        interleaved::rows(dtype, data, k / BLOCK, ids, out);
+        Ok(())
     }
     #[cfg(not(target_arch = "x86_64"))]
     bail!("quantized matmul: no interleaved layout off x86_64")
@@ -182,15 +199,15 @@ pub fn interleaved_rows(
 /// `dsts[i]` `(m, rows)`. The activations are quantized once per block type and the rows of
 /// all the matrices split in one parallel region: a decode step waits for the pool once for
 /// the group, not once per matrix. Each result is the one [`matmul`] gives alone, bit for bit.
-///
-/// Allocates the quantized activations on every call, and a transposed result for several
-/// rows (reused buffers are a later step).
+/// `scratch` holds what a call needs besides (quantized activations, a transposed result):
+/// a caller that keeps it allocates nothing once it is as large as its passes need.
 pub fn matmul_group(
     path: Path,
     matrices: &[Matrix<'_>],
     (m, k): (usize, usize),
     lhs: &[f32],
     dsts: &mut [&mut [f32]],
+    scratch: &mut Scratch,
 ) -> Result<()> {
     if k == 0 || k % BLOCK != 0 {
         bail!("quantized matmul: rows of {k} values are not a multiple of {BLOCK}");
@@ -202,7 +219,7 @@ pub fn matmul_group(
             dsts.len()
         );
     }
-    let mut kinds = Vec::with_capacity(matrices.len());
+    let (mut q8, mut q8k) = (false, false);
     for (matrix, dst) in matrices.iter().zip(dsts.iter()) {
         let n = matrix.rows;
         if lhs.len() != m * k || dst.len() != m * n {
@@ -212,7 +229,9 @@ pub fn matmul_group(
                 dst.len()
             );
         }
-        kinds.push(Kind::checked(matrix, k)?);
+        let kind = Kind::checked(matrix, k)?;
+        q8 |= !kind.super_blocks;
+        q8k |= kind.super_blocks;
     }
     let cpu = Cpu::of(path)?;
     if path != Path::Avx512 && matrices.iter().any(|w| w.layout == Layout::Interleaved) {
@@ -221,89 +240,125 @@ pub fn matmul_group(
     if m == 0 {
         return Ok(());
     }
-    let x = Quantized::of(path, (lhs, k), &kinds);
+    let Scratch { x, transposed } = scratch;
+    x.quantize(path, (lhs, k), (q8, q8k));
+    let x = &*x;
     // Several activation rows are computed as `dstᵀ` (each weight block read once for all of
     // them) and transposed after; one row needs neither.
-    let mut transposed: Vec<Vec<f32>> = match m {
-        1 => Vec::new(),
-        _ => dsts.iter().map(|d| vec![0f32; d.len()]).collect(),
-    };
-    let outs: Vec<&mut [f32]> = match m {
-        1 => dsts.iter_mut().map(|d| &mut **d).collect(),
-        _ => transposed.iter_mut().map(Vec::as_mut_slice).collect(),
-    };
-    let items = work(matrices, &kinds, outs, (m, k));
-    items
-        .into_par_iter()
-        .for_each(|(kind, layout, data, out)| match layout {
-            Layout::Stored => (kind.chunk)(cpu, data, &x, k, out),
-            #[cfg(target_arch = "x86_64")]
-            Layout::Interleaved => {
-                if let (Cpu::Avx512(cpu), Some(interleaved)) = (cpu, kind.interleaved) {
-                    (interleaved.chunk)(cpu, data, &x.q8, k, out)
+    let compute = |(matrix, out): (&Matrix<'_>, &mut [f32])| {
+        // Checked above.
+        let Some(kind) = Kind::of(matrix.dtype) else {
+            return;
+        };
+        let row_bytes = k / kind.values * kind.block_bytes;
+        let chunk = chunk_rows(matrices);
+        matrix
+            .data
+            .par_chunks(chunk * row_bytes)
+            .zip(out.par_chunks_mut(chunk * m))
+            .for_each(|(data, out)| match matrix.layout {
+                Layout::Stored => (kind.chunk)(cpu, data, x, k, out),
+                #[cfg(target_arch = "x86_64")]
+                Layout::Interleaved => {
+                    if let (Cpu::Avx512(cpu), Some(interleaved)) = (cpu, kind.interleaved) {
+                        (interleaved.chunk)(cpu, data, &x.q8, k, out)
+                    }
                 }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            Layout::Interleaved => {}
-        });
-    untranspose(&transposed, dsts, m);
+                #[cfg(not(target_arch = "x86_64"))]
+                Layout::Interleaved => {}
+            });
+    };
+    if m == 1 {
+        matrices
+            .par_iter()
+            .zip(dsts.par_iter_mut())
+            .for_each(|(matrix, dst)| compute((matrix, dst)));
+        return Ok(());
+    }
+    // Every value is written below, so a buffer kept from a larger call is not cleared.
+    let total: usize = dsts.iter().map(|d| d.len()).sum();
+    if transposed.len() < total {
+        transposed.resize(total, 0.0);
+    }
+    let mut parts = split_like(&mut transposed[..total], matrices, m);
+    matrices
+        .par_iter()
+        .zip(parts.par_iter_mut())
+        .for_each(|(matrix, part)| compute((matrix, part)));
+    untranspose(&parts, dsts, m);
     Ok(())
+}
+
+/// `buffer` cut into each matrix's `(rows, m)` part, in order; held inline for a group of up
+/// to three (q, k and v), so that a call allocates nothing.
+fn split_like<'b>(
+    buffer: &'b mut [f32],
+    matrices: &[Matrix<'_>],
+    m: usize,
+) -> SmallVec<[&'b mut [f32]; 3]> {
+    let mut parts = SmallVec::new();
+    let mut rest = buffer;
+    for matrix in matrices {
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(matrix.rows * m);
+        parts.push(part);
+        rest = tail;
+    }
+    parts
+}
+
+/// What [`matmul_group`] needs besides its inputs and outputs, kept between calls.
+#[derive(Default)]
+pub struct Scratch {
+    x: Quantized,
+    transposed: Vec<f32>,
+}
+
+impl Scratch {
+    /// Runs `f` with this thread's scratch (a new one if a call further up this thread's
+    /// stack holds it: a pool thread waiting in a parallel region may run another pass).
+    pub fn with<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+        thread_local! {
+            static SPARE: std::cell::Cell<Option<Scratch>> = const { std::cell::Cell::new(None) };
+        }
+        let mut scratch = SPARE.take().unwrap_or_default();
+        let result = f(&mut scratch);
+        SPARE.set(Some(scratch));
+        result
+    }
 }
 
 /// Writes each `(n, m)` result of `transposed` into its `(m, n)` destination, in parallel over
 /// blocks of [`ROWS`] destination rows: each column of a block is [`ROWS`] adjacent values to
 /// read, and each row is written in order. (Column by column on one thread, the writes, a
 /// row apart each, had taken 6% of a 128-row SmolLM2 prefill with the other core idle.)
-fn untranspose(transposed: &[Vec<f32>], dsts: &mut [&mut [f32]], m: usize) {
-    let blocks: Vec<(&[f32], usize, usize, &mut [f32])> = transposed
-        .iter()
-        .zip(dsts.iter_mut())
-        .filter(|(t, _)| !t.is_empty())
-        .flat_map(|(t, dst)| {
+fn untranspose(transposed: &[&mut [f32]], dsts: &mut [&mut [f32]], m: usize) {
+    transposed
+        .par_iter()
+        .zip(dsts.par_iter_mut())
+        .for_each(|(t, dst)| {
             let n = t.len() / m;
-            dst.chunks_mut(ROWS * n)
+            dst.par_chunks_mut(ROWS * n)
                 .enumerate()
-                .map(move |(b, rows)| (t.as_slice(), n, b * ROWS, rows))
-        })
-        .collect();
-    blocks.into_par_iter().for_each(|(t, n, first, rows)| {
-        let count = rows.len() / n;
-        for (j, column) in t.chunks_exact(m).enumerate() {
-            for (r, v) in column[first..first + count].iter().enumerate() {
-                rows[r * n + j] = *v;
-            }
-        }
-    });
+                .for_each(|(b, rows)| {
+                    let (first, count) = (b * ROWS, rows.len() / n);
+                    for (j, column) in t.chunks_exact(m).enumerate() {
+                        for (r, v) in column[first..first + count].iter().enumerate() {
+                            rows[r * n + j] = *v;
+                        }
+                    }
+                });
+        });
 }
 
-/// A chunk of weight rows to compute: its kernel, its bytes and their layout, its part of the
-/// output.
-type Item<'a, 'o> = (Kind, Layout, &'a [u8], &'o mut [f32]);
-
-/// The group's rows in chunks, a few per thread, each a whole number of [`GROUP`]s from its
-/// matrix's start: a row's tile (or group) is the same however the group is split, and so its
-/// result.
-fn work<'a, 'o>(
-    matrices: &[Matrix<'a>],
-    kinds: &[Kind],
-    outs: Vec<&'o mut [f32]>,
-    (m, k): (usize, usize),
-) -> Vec<Item<'a, 'o>> {
+/// Weight rows per parallel task: a few tasks per thread over the whole group, each a whole
+/// number of [`GROUP`]s from its matrix's start, so that a row's tile (or group) is the same
+/// however the group is split, and so its result.
+fn chunk_rows(matrices: &[Matrix<'_>]) -> usize {
     let total: usize = matrices.iter().map(|w| w.rows).sum();
-    let chunk = total
+    total
         .div_ceil(4 * rayon::current_num_threads())
         .max(GROUP)
-        .next_multiple_of(GROUP);
-    let mut items = Vec::new();
-    for ((matrix, kind), out) in matrices.iter().zip(kinds).zip(outs) {
-        let row_bytes = k / kind.values * kind.block_bytes;
-        let chunks = matrix
-            .data
-            .chunks(chunk * row_bytes)
-            .zip(out.chunks_mut(chunk * m));
-        items.extend(chunks.map(|(data, out)| (*kind, matrix.layout, data, out)));
-    }
-    items
+        .next_multiple_of(GROUP)
 }
 
 /// A weight type's shape and the function that computes a chunk of its rows.
@@ -474,25 +529,23 @@ impl Cpu {
 }
 
 /// A group's activations, quantized for each block size its matrices take (empty if none).
+#[derive(Default)]
 struct Quantized {
     q8: Vec<BlockQ8>,
     q8k: Vec<kquants::BlockQ8K>,
 }
 
 impl Quantized {
-    fn of(path: Path, (lhs, k): (&[f32], usize), kinds: &[Kind]) -> Quantized {
-        let wants = |super_blocks: bool| kinds.iter().any(|k| k.super_blocks == super_blocks);
-        Quantized {
-            q8: if wants(false) {
-                quantize(path, lhs, k)
-            } else {
-                Vec::new()
-            },
-            q8k: if wants(true) {
-                quantize(path, lhs, k)
-            } else {
-                Vec::new()
-            },
+    /// Quantizes `lhs` into [`BlockQ8`]s where `q8`, [`kquants::BlockQ8K`]s where `q8k`,
+    /// reusing the buffers.
+    fn quantize(&mut self, path: Path, (lhs, k): (&[f32], usize), (q8, q8k): (bool, bool)) {
+        self.q8.clear();
+        self.q8k.clear();
+        if q8 {
+            quantize(path, lhs, k, &mut self.q8);
+        }
+        if q8k {
+            quantize(path, lhs, k, &mut self.q8k);
         }
     }
 }
@@ -569,14 +622,14 @@ impl BlockQ8 {
 trait Activations: Sized + Send + Sync {
     /// Activations per block.
     const VALUES: usize;
-    /// `lhs`, whole blocks, quantized, on every path (inlined where a path compiles it with
-    /// its target features).
-    fn blocks(lhs: &[f32]) -> Vec<Self>;
+    /// `lhs`, whole blocks, quantized onto the end of `out`, on every path (inlined where a
+    /// path compiles it with its target features).
+    fn blocks(lhs: &[f32], out: &mut Vec<Self>);
     /// What [`Activations::blocks`] makes, on AVX2.
     #[cfg(target_arch = "x86_64")]
-    fn blocks_avx2(_cpu: avx2::Avx2, lhs: &[f32]) -> Vec<Self> {
+    fn blocks_avx2(_cpu: avx2::Avx2, lhs: &[f32], out: &mut Vec<Self>) {
         // SAFETY: an `Avx2` proves the features.
-        unsafe { blocks_compiled_avx2(lhs) }
+        unsafe { blocks_compiled_avx2(lhs, out) }
     }
     /// This block size's activations of a group.
     fn of(x: &Quantized) -> &[Self];
@@ -687,22 +740,26 @@ fn pairwise<W, X>(dot: impl Fn(&[W], &[X]) -> f32) -> impl TileDot<W, X> {
 /// `lhs`, rows of `k` values, quantized: a prompt's many rows in parallel, [`ROWS`] at a
 /// time (on one thread, 128 rows of SmolLM2 took 5% of their prefill with the other core
 /// idle), a few decode rows on this thread.
-fn quantize<X: Activations>(path: Path, lhs: &[f32], k: usize) -> Vec<X> {
+fn quantize<X: Activations>(path: Path, lhs: &[f32], k: usize, out: &mut Vec<X>) {
+    out.clear();
     if lhs.len() < 2 * ROWS * k {
-        return quantize_rows(path, lhs);
+        return quantize_rows(path, lhs, out);
     }
-    lhs.par_chunks(ROWS * k)
-        .flat_map_iter(|rows| quantize_rows::<X>(path, rows))
-        .collect()
+    out.par_extend(lhs.par_chunks(ROWS * k).flat_map_iter(|rows| {
+        let mut blocks = Vec::new();
+        quantize_rows::<X>(path, rows, &mut blocks);
+        blocks
+    }));
 }
 
-fn quantize_rows<X: Activations>(path: Path, lhs: &[f32]) -> Vec<X> {
+/// `lhs` quantized onto the end of `out`.
+fn quantize_rows<X: Activations>(path: Path, lhs: &[f32], out: &mut Vec<X>) {
     #[cfg(target_arch = "x86_64")]
     if let (true, Some(cpu)) = (path != Path::Scalar, avx2::Avx2::detect()) {
-        return X::blocks_avx2(cpu, lhs);
+        return X::blocks_avx2(cpu, lhs, out);
     }
     let _ = path;
-    X::blocks(lhs)
+    X::blocks(lhs, out)
 }
 
 /// [`Activations::blocks`] compiled for AVX2: rounding becomes inline vector code instead of a
@@ -712,8 +769,8 @@ fn quantize_rows<X: Activations>(path: Path, lhs: &[f32]) -> Vec<X> {
 /// The CPU must have AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn blocks_compiled_avx2<X: Activations>(lhs: &[f32]) -> Vec<X> {
-    X::blocks(lhs)
+unsafe fn blocks_compiled_avx2<X: Activations>(lhs: &[f32], out: &mut Vec<X>) {
+    X::blocks(lhs, out)
 }
 
 impl Activations for BlockQ8 {
@@ -722,8 +779,8 @@ impl Activations for BlockQ8 {
     /// llama.cpp's `quantize_row_q8_1`. A loop rather than `map(..).collect()`, whose closure
     /// would compile on its own, without the caller's target features.
     #[inline(always)]
-    fn blocks(lhs: &[f32]) -> Vec<BlockQ8> {
-        let mut blocks = Vec::with_capacity(lhs.len() / BLOCK);
+    fn blocks(lhs: &[f32], blocks: &mut Vec<BlockQ8>) {
+        blocks.reserve(lhs.len() / BLOCK);
         for x in lhs.chunks_exact(BLOCK) {
             let mut amax = 0f32;
             for v in x {
@@ -739,12 +796,11 @@ impl Activations for BlockQ8 {
             }
             blocks.push(BlockQ8::new(d, sum, qs));
         }
-        blocks
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn blocks_avx2(cpu: avx2::Avx2, lhs: &[f32]) -> Vec<BlockQ8> {
-        cpu.quantize_q8(lhs)
+    fn blocks_avx2(cpu: avx2::Avx2, lhs: &[f32], out: &mut Vec<BlockQ8>) {
+        cpu.quantize_q8(lhs, out)
     }
 
     fn of(x: &Quantized) -> &[BlockQ8] {
@@ -798,9 +854,11 @@ mod tests {
             .collect();
         let zeros = vec![0f32; BLOCK];
         for lhs in [ties, spread, zeros] {
-            let expected: Vec<BlockQ8> = quantize_rows(Path::Scalar, &lhs);
+            let mut expected: Vec<BlockQ8> = Vec::new();
+            quantize_rows(Path::Scalar, &lhs, &mut expected);
             for path in Path::available() {
-                let got: Vec<BlockQ8> = quantize_rows(path, &lhs);
+                let mut got: Vec<BlockQ8> = Vec::new();
+                quantize_rows(path, &lhs, &mut got);
                 for (got, want) in got.iter().zip(&expected) {
                     assert_eq!(got.qs, want.qs, "{path:?}");
                     let fields = |b: &BlockQ8| (b.d, b.s, b.sum);
