@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use candle_core::{Result, Tensor};
+use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
 use lmhost_plugin_kit::prefix_cache::Segment;
 
 /// Keys and values of every layer, each read as `(1, kv_heads, seq_len, head_dim)`.
@@ -30,12 +30,11 @@ pub struct KvState {
     spare: bool,
 }
 
-/// One layer of a state: views of positions `0..len` of a buffer it may share.
+/// One layer of a state: positions `0..len` of a buffer it may share.
 #[derive(Debug, Clone)]
 struct Layer {
-    k: Tensor,
-    v: Tensor,
     buf: Arc<Buffer>,
+    len: usize,
 }
 
 /// Contiguous keys and values `(1, kv_heads, capacity, head_dim)`.
@@ -43,6 +42,10 @@ struct Layer {
 struct Buffer {
     k: Tensor,
     v: Tensor,
+    /// One-value views of `k` and `v`'s storage, through which [`Layer::push_in_place`]
+    /// writes: an in-place op hands its op the whole storage, and candle's check of a layout
+    /// of one value allocates nothing (of `k`'s four axes it collects a vector).
+    handles: Option<(Tensor, Tensor)>,
     /// The high-water mark: positions `0..written` have been written and never change again.
     written: AtomicUsize,
 }
@@ -52,49 +55,88 @@ const SEQ_DIM: usize = 2;
 
 impl Layer {
     /// A layer over contiguous `k` and `v` whose first `len` positions are written.
-    fn over(k: Tensor, v: Tensor, len: usize) -> Result<Self> {
-        Ok(Layer {
-            k: k.narrow(SEQ_DIM, 0, len)?,
-            v: v.narrow(SEQ_DIM, 0, len)?,
+    fn over(k: Tensor, v: Tensor, len: usize) -> Self {
+        let handle = |t: &Tensor| t.flatten_all()?.narrow(0, 0, 1);
+        let handles = handle(&k).and_then(|hk| Ok((hk, handle(&v)?))).ok();
+        Layer {
             buf: Arc::new(Buffer {
                 k,
                 v,
+                handles,
                 written: AtomicUsize::new(len),
             }),
-        })
+            len,
+        }
     }
 
-    fn len(&self) -> usize {
-        self.k.dims()[SEQ_DIM]
-    }
-
-    /// This layer's first `len` positions (a view of the same buffer).
+    /// This layer's first `len` positions (the same buffer).
     fn prefix(&self, len: usize) -> Result<Self> {
+        if len > self.len {
+            candle_core::bail!("a prefix of {len} positions of a state of {}", self.len);
+        }
         Ok(Layer {
-            k: self.k.narrow(SEQ_DIM, 0, len)?,
-            v: self.v.narrow(SEQ_DIM, 0, len)?,
             buf: self.buf.clone(),
+            len,
         })
+    }
+
+    /// Views of the keys and values held.
+    fn views(&self) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.buf.k.narrow(SEQ_DIM, 0, self.len)?,
+            self.buf.v.narrow(SEQ_DIM, 0, self.len)?,
+        ))
+    }
+
+    /// Positions the buffer has room for.
+    fn capacity(&self) -> usize {
+        self.buf.k.dims()[SEQ_DIM]
+    }
+
+    /// Claims positions `len..len + n` of the buffer for this layer, if nothing was ever
+    /// written there and they fit; returns whether it did.
+    fn claim(&self, n: usize) -> bool {
+        self.len + n <= self.capacity()
+            && self
+                .buf
+                .written
+                .compare_exchange(self.len, self.len + n, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Writes `k` and `v` after this layer's positions in place, if nothing was ever written
     /// there and they fit; returns whether it did.
     fn append_in_place(&mut self, k: &Tensor, v: &Tensor) -> Result<bool> {
-        let (len, n) = (self.len(), k.dim(SEQ_DIM)?);
-        let fits = len + n <= self.buf.k.dim(SEQ_DIM)?;
-        let claimed = fits
-            && self
-                .buf
-                .written
-                .compare_exchange(len, len + n, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok();
-        if !claimed {
+        let n = k.dim(SEQ_DIM)?;
+        if !self.claim(n) {
             return Ok(false);
         }
-        self.buf.k.slice_set(&k.contiguous()?, SEQ_DIM, len)?;
-        self.buf.v.slice_set(&v.contiguous()?, SEQ_DIM, len)?;
-        self.k = self.buf.k.narrow(SEQ_DIM, 0, len + n)?;
-        self.v = self.buf.v.narrow(SEQ_DIM, 0, len + n)?;
+        self.buf.k.slice_set(&k.contiguous()?, SEQ_DIM, self.len)?;
+        self.buf.v.slice_set(&v.contiguous()?, SEQ_DIM, self.len)?;
+        self.len += n;
+        Ok(true)
+    }
+
+    /// Writes one position, `(kv_heads, head_dim)` row-major each, after this layer's in
+    /// place, as [`Layer::append_in_place`] does.
+    fn push_in_place(&mut self, k: &[f32], v: &[f32]) -> Result<bool> {
+        let (Some((hk, hv)), &[1, heads, capacity, d]) = (&self.buf.handles, self.buf.k.dims())
+        else {
+            return Ok(false);
+        };
+        let contiguous = self.buf.k.is_contiguous() && self.buf.v.is_contiguous();
+        let fits = k.len() == heads * d && v.len() == heads * d;
+        if !(contiguous && fits && self.claim(1)) {
+            return Ok(false);
+        }
+        let write = |values, start| WritePosition {
+            values,
+            at: start + self.len * d,
+            stride: (capacity * d, d),
+        };
+        hk.inplace_op1(&write(k, self.buf.k.layout().start_offset()))?;
+        hv.inplace_op1(&write(v, self.buf.v.layout().start_offset()))?;
+        self.len += 1;
         Ok(true)
     }
 
@@ -102,9 +144,10 @@ impl Layer {
     /// when `room` (none after a first append: a state that is never extended costs what it
     /// holds).
     fn grown(held: Option<&Layer>, k: &Tensor, v: &Tensor, room: bool) -> Result<Self> {
-        let old = held.map_or(0, Layer::len);
+        let old = held.map_or(0, |l| l.len);
         let len = old + k.dim(SEQ_DIM)?;
         let spare = if room { len.max(2 * old) - len } else { 0 };
+        let views = held.map(Layer::views).transpose()?;
         let join = |held: Option<&Tensor>, new: &Tensor| {
             let mut parts: Vec<Tensor> = held.into_iter().cloned().collect();
             parts.push(new.contiguous()?);
@@ -118,12 +161,53 @@ impl Layer {
             }
             Tensor::cat(&parts, SEQ_DIM)?.contiguous()
         };
-        Layer::over(
-            join(held.map(|l| &l.k), k)?,
-            join(held.map(|l| &l.v), v)?,
+        Ok(Layer::over(
+            join(views.as_ref().map(|(k, _)| k), k)?,
+            join(views.as_ref().map(|(_, v)| v), v)?,
             len,
-        )
+        ))
     }
+}
+
+/// Writes one position's values, `(heads, d)` row-major, into a contiguous f32 CPU buffer
+/// `(1, heads, capacity, d)` where the position's head 0 starts at `at`; the
+/// layout the op is handed is a one-value handle's, not the buffer's.
+struct WritePosition<'a> {
+    values: &'a [f32],
+    at: usize,
+    /// Values from one head to the next, and per position.
+    stride: (usize, usize),
+}
+
+impl candle_core::InplaceOp1 for WritePosition<'_> {
+    fn name(&self) -> &'static str {
+        "kv-write-position"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, _: &Layout) -> Result<()> {
+        let CpuStorage::F32(data) = storage else {
+            candle_core::bail!("a state's f32 row written into keys of another dtype");
+        };
+        let (head, d) = self.stride;
+        for (h, row) in self.values.chunks_exact(d).enumerate() {
+            let at = self.at + h * head;
+            match data.get_mut(at..at + d) {
+                Some(dst) => dst.copy_from_slice(row),
+                None => candle_core::bail!("a state's row written past its buffer"),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One layer's keys and values as a decode pass reads them in place: f32 values at
+/// `data[start + head * head_stride + position * d..][..d]` for positions `0..len`.
+pub struct LayerData<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub start: usize,
+    pub head_stride: usize,
+    pub len: usize,
 }
 
 impl KvState {
@@ -145,7 +229,7 @@ impl KvState {
     /// Positions held (the same in every layer).
     pub fn len(&self) -> usize {
         match self.layers.first() {
-            Some(Some(layer)) => layer.len(),
+            Some(Some(layer)) => layer.len,
             _ => 0,
         }
     }
@@ -160,12 +244,54 @@ impl KvState {
         let slot = &mut self.layers[layer];
         if let Some(held) = slot {
             if held.append_in_place(k, v)? {
-                return Ok((held.k.clone(), held.v.clone()));
+                return held.views();
             }
         }
         let grown = Layer::grown(slot.as_ref(), k, v, self.spare)?;
-        let held = slot.insert(grown);
-        Ok((held.k.clone(), held.v.clone()))
+        slot.insert(grown).views()
+    }
+
+    /// Appends one position to `layer`: `k` and `v` are `(kv_heads, head_dim)` row-major f32.
+    /// In place (no allocation) where [`KvState::append`] would write in place; a layer with
+    /// no keys yet, or one that must copy, goes through [`KvState::append`].
+    pub fn push(&mut self, layer: usize, k: &[f32], v: &[f32], kv_heads: usize) -> Result<()> {
+        if let Some(held) = &mut self.layers[layer] {
+            if held.push_in_place(k, v)? {
+                return Ok(());
+            }
+        }
+        let shape = (1, kv_heads, 1, k.len() / kv_heads.max(1));
+        let device = &candle_core::Device::Cpu;
+        let (k, v) = (
+            Tensor::from_slice(k, shape, device)?,
+            Tensor::from_slice(v, shape, device)?,
+        );
+        self.append(layer, &k, &v).map(drop)
+    }
+
+    /// Runs `f` over `layer`'s keys and values where they lie, if the layer holds f32 values
+    /// on CPU; `None` otherwise.
+    pub fn read<R>(&self, layer: usize, f: impl FnOnce(LayerData<'_>) -> R) -> Option<R> {
+        let held = self.layers.get(layer)?.as_ref()?;
+        let (k, layout) = held.buf.k.storage_and_layout();
+        let (v, v_layout) = held.buf.v.storage_and_layout();
+        let (Storage::Cpu(CpuStorage::F32(k)), Storage::Cpu(CpuStorage::F32(v))) = (&*k, &*v)
+        else {
+            return None;
+        };
+        let &[1, _, capacity, d] = layout.dims() else {
+            return None;
+        };
+        if !layout.is_contiguous() || layout != v_layout {
+            return None;
+        }
+        Some(f(LayerData {
+            k,
+            v,
+            start: layout.start_offset(),
+            head_stride: capacity * d,
+            len: held.len,
+        }))
     }
 
     /// Makes `layer` hold positions `0..len` of `other`'s `layer` (a view, no copy): a sequence
@@ -194,8 +320,8 @@ impl KvState {
     }
 
     /// The keys and values of `layer`, if anything was appended to it.
-    pub fn layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
-        self.layers.get(layer)?.as_ref().map(|l| (&l.k, &l.v))
+    pub fn layer(&self, layer: usize) -> Option<(Tensor, Tensor)> {
+        self.layers.get(layer)?.as_ref()?.views().ok()
     }
 
     /// Positions `start..start + len` as a state of their own, copied into exactly-sized
@@ -207,7 +333,8 @@ impl KvState {
             .iter()
             .map(|slot| match slot {
                 Some(held) if len > 0 => {
-                    Ok(Some(Layer::over(copy(&held.k)?, copy(&held.v)?, len)?))
+                    let (k, v) = held.views()?;
+                    Ok(Some(Layer::over(copy(&k)?, copy(&v)?, len)))
                 }
                 _ => Ok(None),
             })
@@ -229,7 +356,7 @@ impl KvState {
         }
         let layers = (0..first.layers.len())
             .map(|layer| {
-                let (ks, vs): (Vec<&Tensor>, Vec<&Tensor>) =
+                let (ks, vs): (Vec<Tensor>, Vec<Tensor>) =
                     parts.iter().filter_map(|part| part.layer(layer)).unzip();
                 if ks.is_empty() {
                     return Ok(None);
@@ -240,7 +367,7 @@ impl KvState {
                     k,
                     Tensor::cat(&vs, SEQ_DIM)?.contiguous()?,
                     len,
-                )?))
+                )))
             })
             .collect::<Result<_>>()?;
         Ok(KvState {
@@ -255,7 +382,10 @@ impl KvState {
         self.layers
             .iter()
             .flatten()
-            .map(|l| ((l.k.elem_count() + l.v.elem_count()) * l.k.dtype().size_in_bytes()) as u64)
+            .map(|l| {
+                let (_, heads, _, d) = l.buf.k.dims4().unwrap_or_default();
+                (2 * heads * l.len * d * l.buf.k.dtype().size_in_bytes()) as u64
+            })
             .sum()
     }
 }
@@ -455,8 +585,8 @@ mod tests {
             let (k, v) = joined.layer(layer).unwrap();
             let (k0, v0) = a.layer(layer).unwrap();
             let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            assert_eq!(flat(k), flat(k0));
-            assert_eq!(flat(v), flat(v0));
+            assert_eq!(flat(&k), flat(&k0));
+            assert_eq!(flat(&v), flat(&v0));
         }
         assert!(a.slice(1, 0).unwrap().is_empty());
     }
