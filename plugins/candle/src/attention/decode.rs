@@ -7,7 +7,8 @@
 //! more than arithmetic: in a packed pass of 8 rows on SmolLM2 those were about half the pass.
 //! Here each (row, head) is a dot product per key, a softmax and a weighted sum of values, with
 //! no copy. f32 on CPU only; elsewhere [`rows`] answers `None` and the caller takes the generic
-//! path.
+//! path. [`states`] is the same loop for a decode step over buffers of its own
+//! (`models/step.rs`): queries from a slice, keys read from each state where they lie.
 
 use std::ops::Range;
 
@@ -84,6 +85,76 @@ pub fn rows(q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Option<Tensor>> {
             _ => return Ok(None),
         }
     }
+    let mut out = vec![0f32; n * heads * d];
+    let shape = Shape { heads, n_rep, d };
+    let query = |r: usize| {
+        let p = &rows[r].params;
+        (p.offset, p.sliding_window, p.scale as f32)
+    };
+    attend_all(&queries, &mut out, shape, query, |r, f| {
+        let (k, v) = &states[r];
+        f(k, v)
+    });
+    Tensor::from_vec(out, (1, n, heads, d), q.device())?
+        .transpose(1, 2)
+        .map(Some)
+}
+
+/// The heads of a decode pass's queries.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub heads: usize,
+    /// Query heads per key/value head.
+    pub n_rep: usize,
+    pub d: usize,
+}
+
+/// Attention of a decode pass read where the states hold their keys: row `r` of `queries`
+/// (`(rows, heads, d)` row-major, rotated) is the one query of `states(r)` at `positions[r]`,
+/// where its layer `layer` ends (its keys appended), seen through `window`; each head's
+/// output goes to `out`, shaped as `queries`. Allocates nothing. `None` where a state's layer
+/// is not f32 on CPU or does not end at the row's position.
+pub fn states<'s>(
+    queries: &[f32],
+    out: &mut [f32],
+    shape: Shape,
+    (layer, window, scale): (usize, Option<usize>, f32),
+    positions: &[usize],
+    states: &(dyn Fn(usize) -> &'s crate::kv::KvState + Sync),
+) -> Option<()> {
+    let ends = |r: usize, &at: &usize| states(r).read(layer, |data| data.len == at + 1);
+    if !positions
+        .iter()
+        .enumerate()
+        .all(|(r, at)| ends(r, at) == Some(true))
+    {
+        return None;
+    }
+    let query = |r: usize| (positions[r], window, scale);
+    attend_all(queries, out, shape, query, |r, f| {
+        states(r).read(layer, |data| {
+            let heads = |values| Heads {
+                data: values,
+                start: data.start,
+                head_stride: data.head_stride,
+                pos_stride: shape.d,
+            };
+            f(&heads(data.k), &heads(data.v))
+        });
+    });
+    Some(())
+}
+
+/// Each (row, head) of `queries` against the keys `kv(r, f)` hands `f`, at the positions
+/// `query(r)`'s offset and window admit.
+fn attend_all(
+    queries: &[f32],
+    out: &mut [f32],
+    Shape { heads, n_rep, d }: Shape,
+    query: impl Fn(usize) -> (usize, Option<usize>, f32) + Sync,
+    kv: impl Fn(usize, &mut dyn FnMut(&Heads<'_>, &Heads<'_>)) + Sync,
+) {
+    let n = queries.len() / (heads * d).max(1);
     // One task per (row, key/value head): its query heads read the same keys while they are
     // still in cache. Too few of those to share the pool evenly (a lone decode row has as many
     // as key/value heads: 3 on SmolLM2, 1 on Gemma 3 270M), one task per query head.
@@ -92,26 +163,21 @@ pub fn rows(q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Option<Tensor>> {
     } else {
         1
     };
-    let mut out = vec![0f32; n * heads * d];
     out.par_chunks_mut(per * d)
         .zip(queries.par_chunks(per * d))
         .enumerate()
         .for_each(|(i, (out, queries))| {
             let (r, g) = (i * per / heads, i * per % heads / n_rep);
-            let p = &rows[r].params;
+            let (offset, window, scale) = query(r);
             // The positions `visible` admits: the window's last keys, up to the query's own.
-            let first = p
-                .sliding_window
-                .map_or(0, |w| (p.offset + 1).saturating_sub(w));
-            let keys = first..p.offset + 1;
-            for (out, query) in out.chunks_exact_mut(d).zip(queries.chunks_exact(d)) {
-                let (k, v) = &states[r];
-                head(query, (k, v), g, keys.clone(), p.scale as f32, out);
-            }
+            let first = window.map_or(0, |w| (offset + 1).saturating_sub(w));
+            let keys = first..offset + 1;
+            kv(r, &mut |k, v| {
+                for (out, query) in out.chunks_exact_mut(d).zip(queries.chunks_exact(d)) {
+                    head(query, (k, v), g, keys.clone(), scale, out);
+                }
+            });
         });
-    Tensor::from_vec(out, (1, n, heads, d), q.device())?
-        .transpose(1, 2)
-        .map(Some)
 }
 
 /// One query head against key/value head `g`, on the fastest path this CPU has.
@@ -123,33 +189,44 @@ fn head(
     scale: f32,
     out: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if query.len().is_multiple_of(8)
-        && query.len() <= avx2::WIDEST
-        && matches!(Path::best(), Path::Avx2 | Path::Avx512)
-    {
-        // SAFETY: the CPU has AVX2 and FMA (checked by `Path::best`), and the width is checked.
-        unsafe { avx2::attend(query, kv, g, keys, scale, out) };
-        return;
-    }
-    attend(query, kv, g, keys, scale, out);
+    SCORES.with_borrow_mut(|weights| {
+        weights.clear();
+        weights.resize(keys.len(), 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if query.len().is_multiple_of(8)
+            && query.len() <= avx2::WIDEST
+            && matches!(Path::best(), Path::Avx2 | Path::Avx512)
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked by `Path::best`), and the width is
+            // checked.
+            unsafe { avx2::attend(query, kv, g, keys, scale, out, weights) };
+            return;
+        }
+        attend(query, kv, g, keys, scale, (out, weights));
+    });
 }
 
-/// One query against key/value head `g` at positions `keys`, into `out`.
+thread_local! {
+    /// A query's scores against its keys, reused by every head this thread computes: a head
+    /// allocates nothing.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One query against key/value head `g` at positions `keys`, into `out`; `weights` (one per
+/// key) holds the scores.
 fn attend(
     query: &[f32],
     (k, v): (&Heads<'_>, &Heads<'_>),
     g: usize,
     keys: Range<usize>,
     scale: f32,
-    out: &mut [f32],
+    (out, weights): (&mut [f32], &mut [f32]),
 ) {
     let d = query.len();
-    let mut weights: Vec<f32> = keys
-        .clone()
-        .map(|j| dot(query, k.at(g, j, d)) * scale)
-        .collect();
-    softmax(&mut weights);
+    for (w, j) in weights.iter_mut().zip(keys.clone()) {
+        *w = dot(query, k.at(g, j, d)) * scale;
+    }
+    softmax(weights);
     out.fill(0.0);
     for (w, j) in weights.iter().zip(keys) {
         for (o, x) in out.iter_mut().zip(v.at(g, j, d)) {
@@ -194,15 +271,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// [`attend`] in 256-bit vectors, for head widths that are a multiple of 8 (up to
 /// [`avx2::WIDEST`]). A dot product per key is a chain of dependent FMAs, so four keys go at a
-/// time; the weighted sum keeps up to 32 outputs in registers across all keys. Nothing is
-/// allocated per call (the scores live in a buffer each thread keeps), and the softmax's
-/// exponentials are computed 8 at a time ([`crate::models::glu`]'s, within 2 ulp of libm's):
-/// per call, a decode row's query head had spent more on its allocations and on libm's `expf`
-/// over a few dozen keys than on its FMAs.
+/// time; the weighted sum keeps up to 32 outputs in registers across all keys. The
+/// softmax's exponentials are computed 8 at a time ([`crate::models::glu`]'s, within 2 ulp of
+/// libm's): per call, a decode row's query head had spent more on allocating its scores (now
+/// in [`SCORES`]) and on libm's `expf` over a few dozen keys than on its FMAs.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
-    use std::cell::RefCell;
     use std::ops::Range;
 
     use super::Heads;
@@ -214,11 +289,6 @@ mod avx2 {
     /// The widest head this path takes (Gemma 3's 256).
     pub(super) const WIDEST: usize = 256;
 
-    thread_local! {
-        /// A query's scores against its keys, reused by every call on this thread.
-        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    }
-
     /// # Safety
     /// The CPU must have AVX2 and FMA, and `query.len()` must be a multiple of 8.
     #[target_feature(enable = "avx2,fma")]
@@ -229,12 +299,9 @@ mod avx2 {
         keys: Range<usize>,
         scale: f32,
         out: &mut [f32],
+        weights: &mut [f32],
     ) {
-        SCORES.with_borrow_mut(|weights| {
-            weights.clear();
-            weights.resize(keys.len(), 0.0);
-            attend_with(query, (k, v), g, keys, scale, out, weights);
-        });
+        attend_with(query, (k, v), g, keys, scale, out, weights);
     }
 
     /// [`attend`] with `weights` (one per key) to hold the scores.

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use candle_core::{Device, Result, Tensor, D};
 
-mod decode;
+pub mod decode;
 
 /// What an attention call needs besides q, k and v.
 #[derive(Debug, Clone, Copy)]

@@ -14,8 +14,10 @@ use candle_core::{DType, Result, Tensor};
 use super::glu::{self, Act};
 use super::llama::{BuildOptions, LlamaConfig};
 use super::rope::{Rope, RopeRows};
+use super::step::{self, Workspace};
 use super::{attend_packed, packed_logits, PackedRows, Seq};
 use crate::attention::Attention;
+use crate::kernels;
 use crate::kv::KvState;
 use crate::weights::{self, Embedding, Linear, Weight, WeightSource};
 
@@ -34,6 +36,21 @@ impl RmsNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         candle_nn::ops::rms_norm(x, &self.weight, self.eps)
     }
+
+    /// [`RmsNorm::forward`] of rows of f32 values into `out` (an in-place decode step).
+    pub fn forward_into(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        self.values(|w| step::rms_norm(x, w, self.eps, out))
+    }
+
+    /// [`RmsNorm::forward`] of rows of f32 values into themselves.
+    pub fn forward_in_place(&self, x: &mut [f32]) -> Result<()> {
+        self.values(|w| step::rms_norm_in_place(x, w, self.eps))
+    }
+
+    fn values(&self, f: impl FnOnce(&[f32])) -> Result<()> {
+        weights::f32_values(&self.weight, f)
+            .ok_or_else(|| candle_core::Error::Msg("a norm's weights are not f32 on CPU".into()))
+    }
 }
 
 /// The q, k and v projections: three matrices, or one whose output rows hold q, k, v in order.
@@ -43,6 +60,39 @@ pub enum Qkv {
 }
 
 impl Qkv {
+    /// q, k and v of `x` (rows of `h` values) into the caller's buffers, through the layers'
+    /// decode kernels ([`Linear::decode_into`]); a fused matrix's rows are split after.
+    fn decode_into(
+        &self,
+        (x, h): (&[f32], usize),
+        [q, k, v]: [&mut [f32]; 3],
+        ws_fused: &mut Vec<f32>,
+        scratch: &mut kernels::Scratch,
+    ) -> Result<()> {
+        match self {
+            Qkv::Separate {
+                q: lq,
+                k: lk,
+                v: lv,
+            } => Linear::decode_into(&[lq, lk, lv], (x, h), &mut [q, k, v], scratch),
+            Qkv::Fused(qkv) => {
+                let rows = x.len() / h.max(1);
+                let widths = [q.len() / rows, k.len() / rows, v.len() / rows];
+                let fused = step::sized(ws_fused, q.len() + k.len() + v.len());
+                Linear::decode_into(&[qkv], (x, h), &mut [&mut *fused], scratch)?;
+                step::split_rows(fused, &mut [q, k, v], &widths);
+                Ok(())
+            }
+        }
+    }
+
+    fn layers(&self) -> Vec<&Linear> {
+        match self {
+            Qkv::Separate { q, k, v } => vec![q, k, v],
+            Qkv::Fused(qkv) => vec![qkv],
+        }
+    }
+
     fn forward(&self, x: &Tensor, q_width: usize, kv_width: usize) -> Result<[Tensor; 3]> {
         match self {
             Qkv::Separate { q, k, v } => Linear::forward_group([q, k, v], x),
@@ -75,7 +125,47 @@ pub struct Block {
     pub down: Linear,
 }
 
+impl GateUp {
+    /// gate and up of `x` into the caller's buffers, as [`Qkv::decode_into`].
+    fn decode_into(
+        &self,
+        (x, h): (&[f32], usize),
+        [gate, up]: [&mut [f32]; 2],
+        ws_fused: &mut Vec<f32>,
+        scratch: &mut kernels::Scratch,
+    ) -> Result<()> {
+        match self {
+            GateUp::Separate { gate: lg, up: lu } => {
+                Linear::decode_into(&[lg, lu], (x, h), &mut [gate, up], scratch)
+            }
+            GateUp::Fused(gate_up) => {
+                let rows = x.len() / h.max(1);
+                let width = gate.len() / rows.max(1);
+                let fused = step::sized(ws_fused, gate.len() + up.len());
+                Linear::decode_into(&[gate_up], (x, h), &mut [&mut *fused], scratch)?;
+                step::split_rows(fused, &mut [gate, up], &[width, width]);
+                Ok(())
+            }
+        }
+    }
+
+    fn layers(&self) -> Vec<&Linear> {
+        match self {
+            GateUp::Separate { gate, up } => vec![gate, up],
+            GateUp::Fused(gate_up) => vec![gate_up],
+        }
+    }
+}
+
 impl Block {
+    /// Whether every matrix of the block decodes through our kernels.
+    fn decodes_in_place(&self) -> bool {
+        let mut layers = self.qkv.layers();
+        layers.extend(self.gate_up.layers());
+        layers.extend([&self.o, &self.down]);
+        layers.iter().all(|l| l.decodes_in_place())
+    }
+
     fn mlp(&self, x: &Tensor, ffn: usize) -> Result<Tensor> {
         let (gate, up) = match &self.gate_up {
             GateUp::Separate { gate, up } => {
@@ -190,6 +280,9 @@ pub struct Decoder {
     rope: Rope,
     attention: Arc<dyn Attention>,
     max_context: usize,
+    /// Whether decode passes run in place ([`step`]): every matrix decodes through our
+    /// kernels, in f32 on CPU.
+    steps_in_place: bool,
 }
 
 impl Decoder {
@@ -231,6 +324,10 @@ impl Decoder {
             &opts.device,
         )
         .map_err(|e| e.to_string())?;
+        let steps_in_place = opts.dtype == DType::F32
+            && opts.device.is_cpu()
+            && lm_head.decodes_in_place()
+            && blocks.iter().all(Block::decodes_in_place);
         Ok(Decoder {
             embed,
             blocks,
@@ -240,6 +337,7 @@ impl Decoder {
             attention: opts.attention,
             max_context,
             cfg,
+            steps_in_place,
         })
     }
 
@@ -288,6 +386,42 @@ impl Decoder {
         b.o.forward(&y)
     }
 
+    /// A decode pass in place (see [`step`]): each sequence's logits.
+    fn decode_step(&self, seqs: &mut [Seq<'_>], ws: &mut Workspace) -> Result<Vec<Option<Tensor>>> {
+        let cfg = &self.cfg;
+        let dims = cfg.dims();
+        let (h, ffn, qw) = (dims.hidden, dims.ffn, dims.heads * dims.head_dim);
+        let mut p = ws.pass(seqs, dims, self.max_context, &self.embed)?;
+        let scale = (1.0 / (dims.head_dim as f64).sqrt()) as f32;
+        for (i, b) in self.blocks.iter().enumerate() {
+            b.attn_norm.forward_into(p.x, p.normed)?;
+            b.qkv
+                .decode_into((p.normed, h), [p.q, p.k, p.v], p.fused, p.scratch)?;
+            if let Some((q_norm, k_norm)) = &b.qk_norm {
+                q_norm.forward_in_place(p.q)?;
+                k_norm.forward_in_place(p.k)?;
+            }
+            step::rotate(&self.rope, p.positions, p.q, p.k)?;
+            p.attend(seqs, (i, cfg.window(), scale), dims)?;
+            Linear::decode_into(&[&b.o], (p.attn, qw), &mut [&mut *p.out], p.scratch)?;
+            step::add(p.x, p.out);
+            b.mlp_norm.forward_into(p.x, p.normed)?;
+            b.gate_up
+                .decode_into((p.normed, h), [p.gate, p.up], p.fused, p.scratch)?;
+            glu::gated_into(Act::Silu, p.gate, p.up, p.act);
+            Linear::decode_into(&[&b.down], (p.act, ffn), &mut [&mut *p.out], p.scratch)?;
+            step::add(p.x, p.out);
+        }
+        self.norm.forward_into(p.x, p.normed)?;
+        Linear::decode_into(
+            &[&self.lm_head],
+            (p.normed, h),
+            &mut [&mut *p.logits],
+            p.scratch,
+        )?;
+        step::logits_out(p.logits, seqs.len())
+    }
+
     /// Runs the blocks over every sequence's ids, returning the final normalized hidden states
     /// of all rows, `(rows, h)`.
     fn trunk(&self, seqs: &mut [Seq<'_>]) -> Result<Tensor> {
@@ -314,6 +448,10 @@ impl super::CausalLm for Decoder {
         seqs: &mut [Seq<'_>],
         hidden: bool,
     ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        if self.steps_in_place && !hidden && step::is_decode(seqs) {
+            let logits = Workspace::with(|ws| self.decode_step(seqs, ws))?;
+            return Ok((logits, None));
+        }
         let states = self.trunk(seqs)?;
         let logits = packed_logits(seqs, &states, |x| self.lm_head.forward(x))?;
         Ok((logits, hidden.then_some(states)))

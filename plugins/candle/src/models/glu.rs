@@ -32,6 +32,30 @@ pub fn gated(act: Act, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate * up
 }
 
+/// `out = act(gate) · up` over slices, as [`gated`] computes it while generating (in AVX2
+/// where the CPU has it): a decode pass's step over its own buffers.
+pub fn gated_into(act: Act, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        return avx2::gated_slices(act, gate, up, out);
+    }
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = scalar(act, *g) * u;
+    }
+}
+
+/// `act(x)` of one value, as candle's CPU ops compute it (its constant for √(2/π) too), so
+/// that a pass without AVX2 gives what candle's ops give, bit for bit.
+fn scalar(act: Act, x: f32) -> f32 {
+    const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+    match act {
+        Act::Silu => x / (1.0 + (-x).exp()),
+        Act::GeluTanh => {
+            0.5 * x * (1.0 + f32::tanh(SQRT_TWO_OVER_PI * x * (1.0 + 0.044715 * x * x)))
+        }
+    }
+}
+
 /// `e^x` for 8 lanes, within 2 ulp of libm's `expf` (the attention of a decode pass takes its
 /// softmax's exponentials from here too).
 #[cfg(target_arch = "x86_64")]
@@ -44,17 +68,31 @@ mod avx2 {
     use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
     use rayon::prelude::*;
 
-    use super::Act;
+    use super::{scalar, Act};
     use crate::kernels::Path;
 
     /// Values per parallel task: below this a pass's activations are a few microseconds of work,
     /// less than waking the pool.
     const TASK: usize = 1 << 16;
 
+    /// Whether the CPU has AVX2 and FMA.
+    pub(super) fn available() -> bool {
+        matches!(Path::best(), Path::Avx2 | Path::Avx512)
+    }
+
+    /// [`gated`] over slices, in parallel where they are long; the CPU must be [`available`].
+    pub(super) fn gated_slices(act: Act, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        out.par_chunks_mut(TASK)
+            .zip(gate.par_chunks(TASK).zip(up.par_chunks(TASK)))
+            .for_each(|(out, (g, u))| {
+                // SAFETY: the CPU has AVX2 and FMA (checked by `Path::best`).
+                unsafe { gated(act, g, u, out) }
+            });
+    }
+
     /// The fused pass, where both inputs are contiguous f32 on CPU and the CPU has AVX2.
     pub(super) fn fused(act: Act, gate: &Tensor, up: &Tensor) -> Result<Option<Tensor>> {
-        let avx2 = matches!(Path::best(), Path::Avx2 | Path::Avx512);
-        if !avx2
+        if !available()
             || gate.dtype() != DType::F32
             || !gate.device().is_cpu()
             || gate.dims() != up.dims()
@@ -67,12 +105,7 @@ mod avx2 {
             return Ok(None);
         };
         let mut out = vec![0f32; g.len()];
-        out.par_chunks_mut(TASK)
-            .zip(g.par_chunks(TASK).zip(u.par_chunks(TASK)))
-            .for_each(|(out, (g, u))| {
-                // SAFETY: the CPU has AVX2 and FMA (checked by `Path::best`).
-                unsafe { gated(act, g, u, out) }
-            });
+        gated_slices(act, g, u, &mut out);
         Tensor::from_vec(out, gate.dims(), gate.device()).map(Some)
     }
 
@@ -83,17 +116,6 @@ mod avx2 {
         };
         let (start, end) = layout.contiguous_offsets()?;
         data.get(start..end)
-    }
-
-    /// `act(x)` of one value, as candle computes it.
-    fn scalar(act: Act, x: f32) -> f32 {
-        match act {
-            Act::Silu => x / (1.0 + (-x).exp()),
-            Act::GeluTanh => {
-                let inner = (2.0f32 / std::f32::consts::PI).sqrt() * x * (1.0 + 0.044715 * x * x);
-                0.5 * x * (1.0 + inner.tanh())
-            }
-        }
     }
 
     /// `out = act(gate) · up`, eight values at a time (the tail as [`scalar`] does).

@@ -134,6 +134,18 @@ impl LlamaConfig {
         }
     }
 
+    /// The widths a decode pass in place sizes its buffers by.
+    pub fn dims(&self) -> super::step::Dims {
+        super::step::Dims {
+            hidden: self.hidden_size,
+            heads: self.num_attention_heads,
+            kv_heads: self.kv_heads(),
+            head_dim: self.head_dim(),
+            ffn: self.intermediate_size,
+            vocab: self.vocab_size,
+        }
+    }
+
     /// Checks the numbers a forward pass divides by.
     pub fn validate(&self) -> std::result::Result<(), String> {
         let (h, kvh) = (self.num_attention_heads, self.kv_heads());

@@ -12,6 +12,7 @@ pub mod llama;
 pub mod phi3;
 pub mod qwen3;
 pub mod rope;
+pub mod step;
 pub mod whisper;
 
 use candle_core::{Result, Tensor};

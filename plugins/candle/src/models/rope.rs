@@ -132,6 +132,25 @@ impl Rope {
     }
 
     /// The table rows of `positions` (one per row of a packed pass).
+    /// Rotates `x`, heads of `d` values (the table's width) at `position`, in place, as
+    /// [`RopeRows::apply`] does; `None` where the tables are not f32 on CPU or `position` is
+    /// past them.
+    pub fn rotate(&self, x: &mut [f32], position: usize) -> Option<()> {
+        crate::weights::f32_values(&self.cos, |cos| {
+            crate::weights::f32_values(&self.sin, |sin| {
+                let n = self.cos.dims().get(1).copied()?;
+                let cos = cos.get(position * n..(position + 1) * n)?;
+                let sin = sin.get(position * n..(position + 1) * n)?;
+                for head in x.chunks_exact_mut(2 * n) {
+                    rotate_head(head, cos, sin, self.interleaved);
+                }
+                Some(())
+            })
+        })
+        .flatten()
+        .flatten()
+    }
+
     pub fn at(&self, positions: &[u32]) -> Result<RopeRows> {
         let index = Tensor::new(positions, self.cos.device())?;
         Ok(RopeRows {
@@ -143,6 +162,22 @@ impl Rope {
 }
 
 /// Rotations for the rows of one pass, gathered once and applied in every layer.
+/// One head rotated: pairs `(2i, 2i + 1)` (`interleaved`, candle's `rope_i`) or `(i, i + n)`
+/// (`rope`) by the angles `cos`, `sin`.
+fn rotate_head(head: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
+    let n = cos.len();
+    for (i, (c, s)) in cos.iter().zip(sin).enumerate() {
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + n)
+        };
+        let (x, y) = (head[a], head[b]);
+        head[a] = x * c - y * s;
+        head[b] = x * s + y * c;
+    }
+}
+
 pub struct RopeRows {
     cos: Tensor,
     sin: Tensor,

@@ -249,6 +249,18 @@ fn linear_factor(scaling: Option<&RopeScaling>, key: &str) -> LoadResult<f64> {
 }
 
 impl Gemma3Config {
+    /// The widths a decode pass in place sizes its buffers by.
+    pub fn dims(&self) -> crate::models::step::Dims {
+        crate::models::step::Dims {
+            hidden: self.hidden_size,
+            heads: self.num_attention_heads,
+            kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            ffn: self.intermediate_size,
+            vocab: self.vocab_size,
+        }
+    }
+
     /// Checks the numbers a forward pass divides by.
     pub fn validate(&self) -> std::result::Result<(), String> {
         let (h, kvh) = (self.num_attention_heads, self.num_key_value_heads);

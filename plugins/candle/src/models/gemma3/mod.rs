@@ -23,6 +23,7 @@ use super::decoder::{embedding, LoadResult, Loader, RmsNorm, EMBED};
 use super::glu::{self, Act};
 use super::llama::BuildOptions;
 use super::rope::{Rope, RopeRows};
+use super::step::{self, Workspace};
 use super::{attend_packed, packed_logits, PackedRows, Seq};
 use crate::attention::Attention;
 use crate::kv::KvState;
@@ -64,6 +65,18 @@ pub struct Gemma3 {
     global_rope: Rope,
     attention: Arc<dyn Attention>,
     max_context: usize,
+    /// Whether decode passes run in place ([`step`]), as the Llama-shaped decoder's do.
+    steps_in_place: bool,
+}
+
+impl Block {
+    /// Whether every matrix of the block decodes through our kernels.
+    fn decodes_in_place(&self) -> bool {
+        let matrices = [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ];
+        matrices.iter().all(|l| l.decodes_in_place())
+    }
 }
 
 /// Block `i`, its norm weights used as stored: the multiplier 1 + w (see the module doc).
@@ -135,7 +148,12 @@ impl Gemma3 {
         let embed_scale = Tensor::new((h as f32).sqrt(), &opts.device)
             .and_then(|t| t.to_dtype(opts.dtype))
             .map_err(|e| e.to_string())?;
+        let steps_in_place = opts.dtype == DType::F32
+            && opts.device.is_cpu()
+            && lm_head.decodes_in_place()
+            && blocks.iter().all(Block::decodes_in_place);
         Ok(Gemma3 {
+            steps_in_place,
             embed,
             embed_scale,
             blocks,
@@ -227,6 +245,55 @@ impl Gemma3 {
         self.norm.forward(&x)?.squeeze(0)
     }
 
+    /// A decode pass in place (see [`step`]): each sequence's logits.
+    fn decode_step(&self, seqs: &mut [Seq<'_>], ws: &mut Workspace) -> Result<Vec<Option<Tensor>>> {
+        let cfg = &self.cfg;
+        let dims = cfg.dims();
+        let (h, ffn, qw) = (dims.hidden, dims.ffn, dims.heads * dims.head_dim);
+        let mut p = ws.pass(seqs, dims, self.max_context, &self.embed)?;
+        // `embed_scale` in f32, the only dtype a pass in place runs in.
+        let embed_scale = (h as f32).sqrt();
+        p.x.iter_mut().for_each(|x| *x *= embed_scale);
+        let scale = (1.0 / cfg.query_pre_attn_scalar.sqrt()) as f32;
+        for (i, b) in self.blocks.iter().enumerate() {
+            b.attn_norm.forward_into(p.x, p.normed)?;
+            let qkv = [&b.q, &b.k, &b.v];
+            Linear::decode_into(&qkv, (p.normed, h), &mut [p.q, p.k, p.v], p.scratch)?;
+            b.q_norm.forward_in_place(p.q)?;
+            b.k_norm.forward_in_place(p.k)?;
+            let rope = match b.window {
+                Some(_) => &self.local_rope,
+                None => &self.global_rope,
+            };
+            step::rotate(rope, p.positions, p.q, p.k)?;
+            p.attend(seqs, (i, b.window, scale), dims)?;
+            Linear::decode_into(&[&b.o], (p.attn, qw), &mut [&mut *p.out], p.scratch)?;
+            b.post_attn_norm.forward_in_place(p.out)?;
+            step::add(p.x, p.out);
+            b.ffn_norm.forward_into(p.x, p.normed)?;
+            let gate_up = [&b.gate, &b.up];
+            Linear::decode_into(&gate_up, (p.normed, h), &mut [p.gate, p.up], p.scratch)?;
+            glu::gated_into(Act::GeluTanh, p.gate, p.up, p.act);
+            Linear::decode_into(&[&b.down], (p.act, ffn), &mut [&mut *p.out], p.scratch)?;
+            b.post_ffn_norm.forward_in_place(p.out)?;
+            step::add(p.x, p.out);
+        }
+        self.norm.forward_into(p.x, p.normed)?;
+        Linear::decode_into(
+            &[&self.lm_head],
+            (p.normed, h),
+            &mut [&mut *p.logits],
+            p.scratch,
+        )?;
+        if let Some(cap) = self.cfg.final_logit_softcapping {
+            let (cap, by) = (cap as f32, (1.0 / cap) as f32);
+            p.logits
+                .iter_mut()
+                .for_each(|l| *l = (*l * by).tanh() * cap);
+        }
+        step::logits_out(p.logits, seqs.len())
+    }
+
     fn head(&self, x: &Tensor) -> Result<Tensor> {
         let logits = self.lm_head.forward(x)?;
         match self.cfg.final_logit_softcapping {
@@ -242,6 +309,10 @@ impl super::CausalLm for Gemma3 {
         seqs: &mut [Seq<'_>],
         hidden: bool,
     ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        if self.steps_in_place && !hidden && step::is_decode(seqs) {
+            let logits = Workspace::with(|ws| self.decode_step(seqs, ws))?;
+            return Ok((logits, None));
+        }
         let states = self.trunk(seqs)?;
         let logits = packed_logits(seqs, &states, |x| self.head(x))?;
         Ok((logits, hidden.then_some(states)))
