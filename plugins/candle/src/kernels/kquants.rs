@@ -25,12 +25,17 @@ pub(super) struct BlockQ8K {
 impl Activations for BlockQ8K {
     const VALUES: usize = QK_K;
 
+    const ZERO: BlockQ8K = BlockQ8K {
+        d: 0.0,
+        qs: [0; QK_K],
+        bsums: [0; QK_K / 16],
+    };
+
     /// llama.cpp's `quantize_row_q8_K_ref`: the value of largest magnitude becomes -127, the
     /// others round to the nearest step, ties to even, as its `nearest_int` does.
     #[inline(always)]
-    fn blocks(lhs: &[f32], blocks: &mut Vec<BlockQ8K>) {
-        blocks.reserve(lhs.len() / QK_K);
-        for x in lhs.chunks_exact(QK_K) {
+    fn blocks(lhs: &[f32], blocks: &mut [BlockQ8K]) {
+        for (x, out) in lhs.chunks_exact(QK_K).zip(blocks) {
             let (mut max, mut amax) = (0f32, 0f32);
             for &v in x {
                 if v.abs() > amax {
@@ -52,7 +57,7 @@ impl Activations for BlockQ8K {
                 }
                 block.d = 1.0 / iscale;
             }
-            blocks.push(block);
+            *out = block;
         }
     }
 

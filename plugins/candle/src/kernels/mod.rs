@@ -622,12 +622,14 @@ impl BlockQ8 {
 trait Activations: Sized + Send + Sync {
     /// Activations per block.
     const VALUES: usize;
-    /// `lhs`, whole blocks, quantized onto the end of `out`, on every path (inlined where a
-    /// path compiles it with its target features).
-    fn blocks(lhs: &[f32], out: &mut Vec<Self>);
+    /// A block to overwrite.
+    const ZERO: Self;
+    /// `lhs`, whole blocks, quantized into `out` (one block each), on every path (inlined
+    /// where a path compiles it with its target features).
+    fn blocks(lhs: &[f32], out: &mut [Self]);
     /// What [`Activations::blocks`] makes, on AVX2.
     #[cfg(target_arch = "x86_64")]
-    fn blocks_avx2(_cpu: avx2::Avx2, lhs: &[f32], out: &mut Vec<Self>) {
+    fn blocks_avx2(_cpu: avx2::Avx2, lhs: &[f32], out: &mut [Self]) {
         // SAFETY: an `Avx2` proves the features.
         unsafe { blocks_compiled_avx2(lhs, out) }
     }
@@ -742,18 +744,17 @@ fn pairwise<W, X>(dot: impl Fn(&[W], &[X]) -> f32) -> impl TileDot<W, X> {
 /// idle), a few decode rows on this thread.
 fn quantize<X: Activations>(path: Path, lhs: &[f32], k: usize, out: &mut Vec<X>) {
     out.clear();
+    out.resize_with(lhs.len() / X::VALUES, || X::ZERO);
     if lhs.len() < 2 * ROWS * k {
         return quantize_rows(path, lhs, out);
     }
-    out.par_extend(lhs.par_chunks(ROWS * k).flat_map_iter(|rows| {
-        let mut blocks = Vec::new();
-        quantize_rows::<X>(path, rows, &mut blocks);
-        blocks
-    }));
+    out.par_chunks_mut(ROWS * k / X::VALUES)
+        .zip(lhs.par_chunks(ROWS * k))
+        .for_each(|(out, rows)| quantize_rows(path, rows, out));
 }
 
-/// `lhs` quantized onto the end of `out`.
-fn quantize_rows<X: Activations>(path: Path, lhs: &[f32], out: &mut Vec<X>) {
+/// `lhs` quantized into `out`, a block each.
+fn quantize_rows<X: Activations>(path: Path, lhs: &[f32], out: &mut [X]) {
     #[cfg(target_arch = "x86_64")]
     if let (true, Some(cpu)) = (path != Path::Scalar, avx2::Avx2::detect()) {
         return X::blocks_avx2(cpu, lhs, out);
@@ -769,19 +770,25 @@ fn quantize_rows<X: Activations>(path: Path, lhs: &[f32], out: &mut Vec<X>) {
 /// The CPU must have AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn blocks_compiled_avx2<X: Activations>(lhs: &[f32], out: &mut Vec<X>) {
+unsafe fn blocks_compiled_avx2<X: Activations>(lhs: &[f32], out: &mut [X]) {
     X::blocks(lhs, out)
 }
 
 impl Activations for BlockQ8 {
     const VALUES: usize = BLOCK;
 
+    const ZERO: BlockQ8 = BlockQ8 {
+        d: 0.0,
+        s: 0.0,
+        sum: 0.0,
+        qs: [0; BLOCK],
+    };
+
     /// llama.cpp's `quantize_row_q8_1`. A loop rather than `map(..).collect()`, whose closure
     /// would compile on its own, without the caller's target features.
     #[inline(always)]
-    fn blocks(lhs: &[f32], blocks: &mut Vec<BlockQ8>) {
-        blocks.reserve(lhs.len() / BLOCK);
-        for x in lhs.chunks_exact(BLOCK) {
+    fn blocks(lhs: &[f32], blocks: &mut [BlockQ8]) {
+        for (x, block) in lhs.chunks_exact(BLOCK).zip(blocks) {
             let mut amax = 0f32;
             for v in x {
                 amax = amax.max(v.abs());
@@ -794,12 +801,12 @@ impl Activations for BlockQ8 {
                 *q = (v * id).round() as i8;
                 sum += i32::from(*q);
             }
-            blocks.push(BlockQ8::new(d, sum, qs));
+            *block = BlockQ8::new(d, sum, qs);
         }
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn blocks_avx2(cpu: avx2::Avx2, lhs: &[f32], out: &mut Vec<BlockQ8>) {
+    fn blocks_avx2(cpu: avx2::Avx2, lhs: &[f32], out: &mut [BlockQ8]) {
         cpu.quantize_q8(lhs, out)
     }
 
@@ -855,10 +862,10 @@ mod tests {
         let zeros = vec![0f32; BLOCK];
         for lhs in [ties, spread, zeros] {
             let mut expected: Vec<BlockQ8> = Vec::new();
-            quantize_rows(Path::Scalar, &lhs, &mut expected);
+            quantize(Path::Scalar, &lhs, BLOCK, &mut expected);
             for path in Path::available() {
                 let mut got: Vec<BlockQ8> = Vec::new();
-                quantize_rows(path, &lhs, &mut got);
+                quantize(path, &lhs, BLOCK, &mut got);
                 for (got, want) in got.iter().zip(&expected) {
                     assert_eq!(got.qs, want.qs, "{path:?}");
                     let fields = |b: &BlockQ8| (b.d, b.s, b.sum);

@@ -279,8 +279,13 @@ fn state_of<'a>(seqs: &'a [Seq<'_>]) -> impl Fn(usize) -> &'a KvState + Sync + '
 /// Each row's logits (`(rows, vocab)` in `logits`) as the tensor a packed pass returns.
 pub fn logits_out(logits: &[f32], rows: usize) -> Result<Vec<Option<Tensor>>> {
     let vocab = logits.len() / rows.max(1);
-    logits
-        .chunks_exact(vocab)
-        .map(|row| Tensor::from_slice(row, (1, vocab), &candle_core::Device::Cpu).map(Some))
-        .collect()
+    let mut out = Vec::with_capacity(rows);
+    for row in logits.chunks_exact(vocab) {
+        out.push(Some(Tensor::from_slice(
+            row,
+            (1, vocab),
+            &candle_core::Device::Cpu,
+        )?));
+    }
+    Ok(out)
 }
