@@ -50,6 +50,13 @@ pub trait Attention: Send + Sync {
     fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
         each_row(self, q, rows)
     }
+
+    /// Whether [`Attention::forward_rows`] is the built-in decode loop (`decode.rs`), which a
+    /// decode pass in place (`models/step.rs`) then runs over the states' buffers itself. An
+    /// implementation of its own leaves this false, and every decode pass calls it.
+    fn rows_in_place(&self) -> bool {
+        false
+    }
 }
 
 /// One sequence of a decode pass: its keys and values (as for [`Attention::forward`]) and how
@@ -223,6 +230,10 @@ impl Attention for Eager {
             None => each_row(self, q, rows),
         }
     }
+
+    fn rows_in_place(&self) -> bool {
+        true
+    }
 }
 
 /// Processes queries in chunks and shares each key/value head across its query group without
@@ -273,6 +284,10 @@ impl Attention for Chunked {
             Some(out) => Ok(out),
             None => each_row(self, q, rows),
         }
+    }
+
+    fn rows_in_place(&self) -> bool {
+        true
     }
 }
 

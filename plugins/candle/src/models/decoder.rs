@@ -281,7 +281,8 @@ pub struct Decoder {
     attention: Arc<dyn Attention>,
     max_context: usize,
     /// Whether decode passes run in place ([`step`]): every matrix decodes through our
-    /// kernels, in f32 on CPU.
+    /// kernels, in f32 on CPU, and attention is a built-in one
+    /// ([`Attention::rows_in_place`]: an application's own is called for every pass).
     steps_in_place: bool,
 }
 
@@ -326,6 +327,7 @@ impl Decoder {
         .map_err(|e| e.to_string())?;
         let steps_in_place = opts.dtype == DType::F32
             && opts.device.is_cpu()
+            && opts.attention.rows_in_place()
             && lm_head.decodes_in_place()
             && blocks.iter().all(Block::decodes_in_place);
         Ok(Decoder {

@@ -150,6 +150,7 @@ impl Gemma3 {
             .map_err(|e| e.to_string())?;
         let steps_in_place = opts.dtype == DType::F32
             && opts.device.is_cpu()
+            && opts.attention.rows_in_place()
             && lm_head.decodes_in_place()
             && blocks.iter().all(Block::decodes_in_place);
         Ok(Gemma3 {
