@@ -182,9 +182,10 @@ pub fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// Whether a packed pass is a decode pass the in-place step runs: one sampled row per
-/// sequence after its own state, nothing hidden or shared.
+/// sequence after its own state, nothing hidden or shared (and at least one sequence).
 pub fn is_decode(seqs: &[Seq<'_>]) -> bool {
     crate::weights::is_generating()
+        && !seqs.is_empty()
         && seqs.iter().all(|s| {
             s.ids.len() == 1
                 && s.share.is_none()
