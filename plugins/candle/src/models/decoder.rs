@@ -158,12 +158,12 @@ impl GateUp {
 }
 
 impl Block {
-    /// Whether every matrix of the block decodes through our kernels.
-    fn decodes_in_place(&self) -> bool {
+    /// Every matrix of the block.
+    fn layers(&self) -> Vec<&Linear> {
         let mut layers = self.qkv.layers();
         layers.extend(self.gate_up.layers());
         layers.extend([&self.o, &self.down]);
-        layers.iter().all(|l| l.decodes_in_place())
+        layers
     }
 
     fn mlp(&self, x: &Tensor, ffn: usize) -> Result<Tensor> {
@@ -325,11 +325,8 @@ impl Decoder {
             &opts.device,
         )
         .map_err(|e| e.to_string())?;
-        let steps_in_place = opts.dtype == DType::F32
-            && opts.device.is_cpu()
-            && opts.attention.rows_in_place()
-            && lm_head.decodes_in_place()
-            && blocks.iter().all(Block::decodes_in_place);
+        let layers = blocks.iter().flat_map(Block::layers);
+        let steps_in_place = step::runs_in_place(&opts, layers.chain([&lm_head]));
         Ok(Decoder {
             embed,
             blocks,
@@ -404,7 +401,7 @@ impl Decoder {
                 k_norm.forward_in_place(p.k)?;
             }
             step::rotate(&self.rope, p.positions, p.q, p.k)?;
-            p.attend(seqs, (i, cfg.window(), scale), dims)?;
+            p.attend(seqs, (i, cfg.window(), scale))?;
             Linear::decode_into(&[&b.o], (p.attn, qw), &mut [&mut *p.out], p.scratch)?;
             step::add(p.x, p.out);
             b.mlp_norm.forward_into(p.x, p.normed)?;
@@ -414,13 +411,7 @@ impl Decoder {
             Linear::decode_into(&[&b.down], (p.act, ffn), &mut [&mut *p.out], p.scratch)?;
             step::add(p.x, p.out);
         }
-        self.norm.forward_into(p.x, p.normed)?;
-        Linear::decode_into(
-            &[&self.lm_head],
-            (p.normed, h),
-            &mut [&mut *p.logits],
-            p.scratch,
-        )?;
+        p.output(&self.norm, &self.lm_head)?;
         step::logits_out(p.logits, seqs.len())
     }
 

@@ -12,14 +12,16 @@
 //! (candle's CPU norms, RoPE and soft-cap written out; our kernels and attention heads
 //! shared), so the two agree bit for bit (`tests/decode_in_place.rs`).
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
+use super::decoder::RmsNorm;
+use super::llama::BuildOptions;
 use super::rope::Rope;
 use super::Seq;
 use crate::attention::decode;
 use crate::kernels::Scratch;
 use crate::kv::KvState;
-use crate::weights::Embedding;
+use crate::weights::{Embedding, Linear};
 
 /// A decode pass's buffers, each grown to the largest pass seen, never shrunk.
 #[derive(Default)]
@@ -89,6 +91,7 @@ pub struct Pass<'w> {
     pub logits: &'w mut [f32],
     pub positions: &'w [usize],
     pub scratch: &'w mut Scratch,
+    dims: Dims,
 }
 
 impl Workspace {
@@ -141,6 +144,7 @@ impl Workspace {
             logits: sized(&mut self.logits, m * vocab),
             positions: &self.positions,
             scratch: &mut self.scratch,
+            dims,
         })
     }
 }
@@ -152,8 +156,8 @@ impl Pass<'_> {
         &mut self,
         seqs: &mut [Seq<'_>],
         (layer, window, scale): (usize, Option<usize>, f32),
-        dims: Dims,
     ) -> Result<()> {
+        let dims = self.dims;
         push_rows(seqs, layer, (self.k, self.v), dims.kv_heads)?;
         let shape = decode::Shape {
             heads: dims.heads,
@@ -171,6 +175,26 @@ impl Pass<'_> {
         )
         .ok_or_else(|| candle_core::Error::Msg("keys not f32 on CPU".into()))
     }
+
+    /// The final norm of every row, then the output layer into `logits`.
+    pub fn output(&mut self, norm: &RmsNorm, head: &Linear) -> Result<()> {
+        norm.forward_into(self.x, self.normed)?;
+        let (input, logits) = ((&*self.normed, self.dims.hidden), &mut *self.logits);
+        Linear::decode_into(&[head], input, &mut [logits], self.scratch)
+    }
+}
+
+/// Whether a model built with `opts` decodes in place: in f32 on CPU, through a built-in
+/// attention ([`crate::attention::Attention::rows_in_place`]), and every matrix of `layers`
+/// (all the model's) through our kernels ([`Linear::decodes_in_place`]).
+pub fn runs_in_place<'l>(
+    opts: &BuildOptions,
+    mut layers: impl Iterator<Item = &'l Linear>,
+) -> bool {
+    opts.dtype == DType::F32
+        && opts.device.is_cpu()
+        && opts.attention.rows_in_place()
+        && layers.all(Linear::decodes_in_place)
 }
 
 /// The first `len` values of `buf`, grown (zeroed) if it is shorter.

@@ -70,12 +70,11 @@ pub struct Gemma3 {
 }
 
 impl Block {
-    /// Whether every matrix of the block decodes through our kernels.
-    fn decodes_in_place(&self) -> bool {
-        let matrices = [
+    /// Every matrix of the block.
+    fn layers(&self) -> [&Linear; 7] {
+        [
             &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
-        ];
-        matrices.iter().all(|l| l.decodes_in_place())
+        ]
     }
 }
 
@@ -148,11 +147,8 @@ impl Gemma3 {
         let embed_scale = Tensor::new((h as f32).sqrt(), &opts.device)
             .and_then(|t| t.to_dtype(opts.dtype))
             .map_err(|e| e.to_string())?;
-        let steps_in_place = opts.dtype == DType::F32
-            && opts.device.is_cpu()
-            && opts.attention.rows_in_place()
-            && lm_head.decodes_in_place()
-            && blocks.iter().all(Block::decodes_in_place);
+        let layers = blocks.iter().flat_map(Block::layers);
+        let steps_in_place = step::runs_in_place(&opts, layers.chain([&lm_head]));
         Ok(Gemma3 {
             steps_in_place,
             embed,
@@ -267,7 +263,7 @@ impl Gemma3 {
                 None => &self.global_rope,
             };
             step::rotate(rope, p.positions, p.q, p.k)?;
-            p.attend(seqs, (i, b.window, scale), dims)?;
+            p.attend(seqs, (i, b.window, scale))?;
             Linear::decode_into(&[&b.o], (p.attn, qw), &mut [&mut *p.out], p.scratch)?;
             b.post_attn_norm.forward_in_place(p.out)?;
             step::add(p.x, p.out);
@@ -279,13 +275,7 @@ impl Gemma3 {
             b.post_ffn_norm.forward_in_place(p.out)?;
             step::add(p.x, p.out);
         }
-        self.norm.forward_into(p.x, p.normed)?;
-        Linear::decode_into(
-            &[&self.lm_head],
-            (p.normed, h),
-            &mut [&mut *p.logits],
-            p.scratch,
-        )?;
+        p.output(&self.norm, &self.lm_head)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             let (cap, by) = (cap as f32, (1.0 / cap) as f32);
             p.logits
