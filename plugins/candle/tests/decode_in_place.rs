@@ -186,13 +186,46 @@ fn decode_passes_in_place_match_op_by_op_and_allocate_only_their_logits() {
             assert!(diff == 0.0, "{case}: keys and values off by {diff}");
         }
         // The first pass grows the workspace and copies each prompt's keys into a buffer with
-        // room for as many again (so no later pass here fills one); after it a pass allocates its logits (a tensor a row: storage, shape, strides
-        // and two shared headers), the list of them, the flag of the pool's pollers and this
-        // test's list of rows: nothing per layer.
+        // room for as many again (so no later pass here fills one); after it a pass allocates
+        // its logits (a tensor a row: storage, shape, strides and two shared headers), the
+        // list of them, the flag of the pool's pollers and this test's list of rows: nothing
+        // per layer.
         let most = counted[1..].iter().max().copied().unwrap_or_default();
         assert!(
             most <= 5 * ROWS as u64 + 3,
             "{case}: a decode pass in place allocated {most} times ({counted:?})"
         );
     }
+    past_the_context_is_refused_and_the_state_kept(dir.path());
+}
+
+/// A decode pass in place at the last position of the context runs; one past it is refused
+/// by name, and the state keeps what it held.
+fn past_the_context_is_refused_and_the_state_kept(dir: &Path) {
+    let path = write_model(dir, "llama", GgmlDType::Q8_0);
+    let b = backend(&path, json!({ "weights": "auto", "max_context": 16 }));
+    let engine = b.engine().unwrap();
+    let model = engine.model.as_ref();
+    let mut states = [model.new_state()];
+    let prompt: Vec<u32> = (3..18).collect();
+    model
+        .forward(&prompt, &mut states[0], Logits::Last, false)
+        .unwrap();
+    pass(model, &mut states, &[[5]], false);
+    assert_eq!(states[0].len(), 16);
+    let mut seqs = [Seq {
+        ids: &[6],
+        kv: &mut states[0],
+        share: None,
+        logits_from: 0,
+        hidden: None,
+        sampled: true,
+    }];
+    let err = weights::generating(|| model.forward_packed(&mut seqs, false)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("position 16 is past the model's context of 16"),
+        "{err}"
+    );
+    assert_eq!(states[0].len(), 16);
 }
