@@ -152,11 +152,26 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(
-        listener,
+        unbuffered(listener),
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(shutdown)
     .await
+}
+
+/// `listener` with Nagle's algorithm off on every connection (`TCP_NODELAY`), so each small
+/// write goes out at once: a stream's token chunks had waited for the client's delayed
+/// acknowledgment of the one before, 40 ms on Linux (inter-token p99 at one client 42 ms
+/// against a 4 ms token).
+fn unbuffered(
+    listener: tokio::net::TcpListener,
+) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("a connection keeps Nagle's algorithm: {e}");
+        }
+    })
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -182,4 +197,20 @@ pub async fn shutdown_signal() {
         () = terminate => {},
     }
     tracing::info!("shutting down: finishing in-flight requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener;
+
+    /// Accepted connections have Nagle's algorithm off.
+    #[tokio::test]
+    async fn connections_send_each_write_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let client = tokio::spawn(tokio::net::TcpStream::connect(at));
+        let (io, _) = super::unbuffered(listener).accept().await;
+        assert!(io.nodelay().unwrap());
+        client.await.unwrap().unwrap();
+    }
 }
