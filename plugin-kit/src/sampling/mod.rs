@@ -64,7 +64,7 @@ impl Sampler {
     /// tokens taken best first (by logit, then id), cut to the `top_k` best and then to the
     /// fewest whose probability reaches `top_p`, and the uniform draw spent along that order.
     /// Only as much of the order is sorted as the walk reaches (a full sort of SmolLM2's row
-    /// cost 1.8 ms a token, more than a decode step's arithmetic).
+    /// cost 1.7-3.2 ms a token, more than a decode step's arithmetic).
     pub fn pick(&self, logits: &[f32], rng: &mut Rng) -> u32 {
         if self.temperature <= 0.0 || logits.is_empty() {
             return argmax(logits);
