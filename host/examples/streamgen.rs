@@ -12,8 +12,8 @@
 //! ```text
 //! cargo run --release --example streamgen -- [--tokens MIN-MAX] http://127.0.0.1:8000 MODEL 1 8 32
 //! ```
-//! (`scripts/bench-serve` starts the server and runs this.) Tokens are counted from the
-//! usage chunk. Every request asks a different question, for a reply of at most MIN to MAX
+//! (`scripts/bench-serve` starts the server and runs this.) Every request asks a different
+//! question, for a reply of at most MIN to MAX
 //! tokens (24-72 unless given; each request's own, drawn from a fixed sequence), as users'
 //! replies differ: clients whose replies all end in the same decode pass send their next
 //! prompts together, a burst no real set of users keeps up. `--tokens 48-48` is that case.
