@@ -13,10 +13,10 @@
 //! cargo run --release --example streamgen -- [--tokens MIN-MAX] http://127.0.0.1:8000 MODEL 1 8 32
 //! ```
 //! (`scripts/bench-serve` starts the server and runs this.) Every request asks a different
-//! question, for a reply of at most MIN to MAX
-//! tokens (24-72 unless given; each request's own, drawn from a fixed sequence), as users'
-//! replies differ: clients whose replies all end in the same decode pass send their next
-//! prompts together, a burst no real set of users keeps up. `--tokens 48-48` is that case.
+//! question, for a reply of at most MIN to MAX tokens (24-72 unless given; each request's
+//! own, drawn from a fixed sequence), as users' replies differ: clients whose replies all end
+//! in the same decode pass send their next prompts together, a burst no real set of users
+//! keeps up. `--tokens 48-48` is that case.
 
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
