@@ -9,6 +9,8 @@
 
 use candle_core::{Result, Tensor, D};
 use lmhost_plugin_api::{FinishReason, GenerationConfig};
+use lmhost_plugin_kit::sampling::argmax;
+use lmhost_plugin_kit::text::logprob_of;
 
 use super::model::{CrossKv, Whisper};
 use super::SpecialTokens;
@@ -39,13 +41,6 @@ pub fn encode(model: &Whisper, windows: &[Vec<f32>]) -> Result<Vec<CrossKv>> {
         .collect()
 }
 
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let log_sum = max + sum.ln() as f32;
-    logits.iter().map(|&l| l - log_sum).collect()
-}
-
 /// A small seeded generator (SplitMix64): sampling is reproducible for a given seed.
 struct Rng(u64);
 
@@ -62,21 +57,8 @@ impl Rng {
 
 /// Picks a token from suppressed logits: argmax at temperature 0, else a top-k/top-p sample.
 fn choose(logits: &[f32], config: &GenerationConfig, rng: &mut Rng) -> u32 {
-    let argmax = || {
-        logits
-            .iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
-                if l > best.1 {
-                    (i, l)
-                } else {
-                    best
-                }
-            })
-            .0 as u32
-    };
     if config.temperature <= 0.0 {
-        return argmax();
+        return argmax(logits);
     }
     let mut ranked: Vec<(u32, f32)> = logits
         .iter()
@@ -111,7 +93,7 @@ fn choose(logits: &[f32], config: &GenerationConfig, rng: &mut Rng) -> u32 {
     }
     ranked
         .get(keep.saturating_sub(1))
-        .map_or_else(argmax, |r| r.0)
+        .map_or_else(|| argmax(logits), |r| r.0)
 }
 
 impl Whisper {
@@ -178,18 +160,14 @@ impl Whisper {
                     out.per_window.push(window_ids);
                     break 'windows;
                 }
-                let raw = log_softmax(&logits);
+                let raw = logits.clone();
                 self.suppress(&mut logits, tokens, window_ids.is_empty());
                 let token = choose(&logits, config, &mut rng);
                 if token == tokens.end_of_text {
                     break;
                 }
                 out.ids.push(token);
-                out.logprobs.push(
-                    raw.get(token as usize)
-                        .copied()
-                        .unwrap_or(f32::NEG_INFINITY),
-                );
+                out.logprobs.push(logprob_of(&raw, token));
                 window_ids.push(token);
                 if stop(&out.ids) {
                     out.finish = FinishReason::StopString;
@@ -239,14 +217,6 @@ impl Whisper {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_softmax_normalises() {
-        let l = log_softmax(&[1.0, 2.0, 3.0]);
-        let total: f32 = l.iter().map(|x| x.exp()).sum();
-        assert!((total - 1.0).abs() < 1e-6);
-        assert!(l[2] > l[1] && l[1] > l[0]);
-    }
 
     #[test]
     fn greedy_takes_the_argmax_and_sampling_respects_top_k() {
