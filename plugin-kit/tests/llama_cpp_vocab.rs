@@ -1,14 +1,16 @@
 //! Conformance with llama.cpp's own tokenizer suite: every `models/llama.cpp/ggml-vocab-*.gguf`
 //! that has expected ids (`.gguf.out`, written by llama.cpp's `test-tokenizer-0`) must encode
 //! each input (`.gguf.inp`) to exactly those ids, with `add_special = false` and
-//! `parse_special = false`, as `test-tokenizer-0.cpp` does. That test checks ids only, so this
-//! one does too.
+//! `parse_special = false`, as `test-tokenizer-0.cpp` does. That test checks ids only; this one
+//! also decodes them back, and streams them (a reply's text as its ids come, one at a time,
+//! must be the text of all of them at once).
 //!
 //! The data comes from `scripts/fetch-test-data`; without it these tests fail and say so.
 
 use std::path::{Path, PathBuf};
 
 use lmhost_plugin_kit::gguf::{Metadata, Value};
+use lmhost_plugin_kit::text::ReplyText;
 use lmhost_plugin_kit::tokenizer::TextTokenizer;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -116,7 +118,7 @@ fn check(name: &str) -> (String, Vec<String>) {
     let tokenizer = load(name);
     let cases = cases(name);
     let mut failures = Vec::new();
-    let (mut passed, mut round_trips) = (0, 0);
+    let (mut passed, mut round_trips, mut streamed) = (0, 0, 0);
     for (input, expected) in &cases {
         let got = tokenizer
             .encode(input, false, false)
@@ -134,12 +136,28 @@ fn check(name: &str) -> (String, Vec<String>) {
         if &text != input && tokenizer.kind() != "bert" {
             failures.push(format!("{name}: {input:?} decodes to {text:?}"));
         }
+        // A reply's text as its ids come, one at a time, is the text of all its ids at once.
+        let mut reply = ReplyText::default();
+        for n in 1..=expected.len() {
+            let last = n == expected.len();
+            reply
+                .extend(&tokenizer, &expected[..n], last)
+                .unwrap_or_else(|e| panic!("{name}: {input:?}: {e}"));
+        }
+        let whole = tokenizer.decode(expected, true).unwrap_or_default();
+        streamed += usize::from(reply.as_str() == whole);
+        if reply.as_str() != whole {
+            failures.push(format!(
+                "{name}: {input:?} streams as {:?}, decodes as {whole:?}",
+                reply.as_str()
+            ));
+        }
     }
     let line = format!(
-        "{name} ({}): {passed}/{} ids, {round_trips}/{} decode back to the input",
+        "{name} ({}): {passed}/{n} ids, {round_trips}/{n} decode back to the input, \
+         {streamed}/{n} stream as they decode",
         tokenizer.kind(),
-        cases.len(),
-        cases.len()
+        n = cases.len(),
     );
     (line, failures)
 }
