@@ -9,9 +9,9 @@
 //!
 //! Prints figures; asserts nothing. `cargo run --release --example bench_batch` (after
 //! `scripts/fetch-models`). Environment: `BENCH_WEIGHTS=auto` (the backend's `weights`
-//! option), `BENCH_ROWS=1,2,4,8,16`, `BENCH_CONTEXT=160` (prompt tokens before decoding),
-//! `BENCH_STEPS=24` (passes per size), `BENCH_THREADS=1,8` (concurrent generations of
-//! `BENCH_TOKENS=48` tokens each).
+//! option), `BENCH_ROWS=1,2,4,8,16`, `BENCH_CONTEXT=160` (prompt tokens before decoding, up
+//! to 3000), `BENCH_STEPS=24` (passes per size), `BENCH_THREADS=1,8` (concurrent generations
+//! of `BENCH_TOKENS=48` tokens each).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
     let backend = Candle::new(plugin)?;
     let engine = backend.engine()?;
     let model = &engine.model;
-    let ids = engine.front.encode(&TEXT.repeat(20), true)?;
+    let ids = engine.front.encode(&TEXT.repeat(120), true)?;
     let prompt = ids.get(..context).context("prompt too short")?;
     let pool = rayon::ThreadPoolBuilder::new().build()?;
     let mut base = None;
