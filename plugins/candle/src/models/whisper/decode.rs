@@ -9,7 +9,7 @@
 
 use candle_core::{Result, Tensor, D};
 use lmhost_plugin_api::{FinishReason, GenerationConfig};
-use lmhost_plugin_kit::sampling::argmax;
+use lmhost_plugin_kit::sampling::{Rng, Sampler};
 use lmhost_plugin_kit::text::logprob_of;
 
 use super::model::{CrossKv, Whisper};
@@ -41,59 +41,14 @@ pub fn encode(model: &Whisper, windows: &[Vec<f32>]) -> Result<Vec<CrossKv>> {
         .collect()
 }
 
-/// A small seeded generator (SplitMix64): sampling is reproducible for a given seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+/// The sampler a generation config asks for: greedy at temperature 0, else top-k/top-p (the
+/// text models' own, so a seed means the same walk).
+fn sampler(config: &GenerationConfig) -> Sampler {
+    Sampler {
+        temperature: config.temperature,
+        top_k: config.top_k as usize,
+        top_p: config.top_p,
     }
-}
-
-/// Picks a token from suppressed logits: argmax at temperature 0, else a top-k/top-p sample.
-fn choose(logits: &[f32], config: &GenerationConfig, rng: &mut Rng) -> u32 {
-    if config.temperature <= 0.0 {
-        return argmax(logits);
-    }
-    let mut ranked: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.is_finite())
-        .map(|(i, &l)| (i as u32, l / config.temperature))
-        .collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-    if config.top_k > 0 {
-        ranked.truncate(config.top_k as usize);
-    }
-    let max = ranked.first().map_or(0.0, |r| r.1);
-    let mut probs: Vec<f64> = ranked.iter().map(|r| f64::from(r.1 - max).exp()).collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
-    let mut keep = probs.len();
-    let mut mass = 0.0;
-    for (i, p) in probs.iter().enumerate() {
-        mass += p;
-        if mass >= f64::from(config.top_p) {
-            keep = i + 1;
-            break;
-        }
-    }
-    let kept: f64 = probs[..keep].iter().sum();
-    let mut draw = rng.next_f64() * kept;
-    for (i, p) in probs[..keep].iter().enumerate() {
-        draw -= p;
-        if draw <= 0.0 {
-            return ranked[i].0;
-        }
-    }
-    ranked
-        .get(keep.saturating_sub(1))
-        .map_or_else(|| argmax(logits), |r| r.0)
 }
 
 impl Whisper {
@@ -142,7 +97,7 @@ impl Whisper {
     ) -> Result<Decoded> {
         let prompt = tokens.prompt(previous);
         let max_ctx = self.config.max_target_positions;
-        let mut rng = Rng(config.seed);
+        let (sampler, mut rng) = (sampler(config), Rng::new(config.seed));
         let mut out = Decoded {
             ids: Vec::new(),
             logprobs: Vec::new(),
@@ -162,7 +117,7 @@ impl Whisper {
                 }
                 let raw = logits.clone();
                 self.suppress(&mut logits, tokens, window_ids.is_empty());
-                let token = choose(&logits, config, &mut rng);
+                let token = sampler.pick(&logits, &mut rng);
                 if token == tokens.end_of_text {
                     break;
                 }
@@ -219,20 +174,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn greedy_takes_the_argmax_and_sampling_respects_top_k() {
+    fn greedy_takes_the_argmax_and_sampling_skips_suppressed_tokens_and_respects_top_k() {
         let logits = [0.0, 5.0, f32::NEG_INFINITY, 4.9];
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         let greedy = GenerationConfig::default();
-        assert_eq!(choose(&logits, &greedy, &mut rng), 1);
-        let sample = GenerationConfig {
-            temperature: 1.0,
-            top_k: 2,
-            ..GenerationConfig::default()
+        assert_eq!(sampler(&greedy).pick(&logits, &mut rng), 1);
+        let picks = |config: GenerationConfig, rng: &mut Rng| -> Vec<u32> {
+            (0..400)
+                .map(|_| sampler(&config).pick(&logits, rng))
+                .collect()
         };
-        let picks: Vec<u32> = (0..200)
-            .map(|_| choose(&logits, &sample, &mut rng))
-            .collect();
-        assert!(picks.iter().all(|&t| t == 1 || t == 3));
-        assert!(picks.contains(&1) && picks.contains(&3));
+        let all = picks(
+            GenerationConfig {
+                temperature: 2.0,
+                ..GenerationConfig::default()
+            },
+            &mut rng,
+        );
+        assert!(!all.contains(&2), "a suppressed token was sampled");
+        assert!([0, 1, 3].iter().all(|t| all.contains(t)));
+        let top2 = picks(
+            GenerationConfig {
+                temperature: 5.0,
+                top_k: 2,
+                ..GenerationConfig::default()
+            },
+            &mut rng,
+        );
+        assert!(top2.iter().all(|&t| t == 1 || t == 3));
+        assert!(top2.contains(&1) && top2.contains(&3));
     }
 }
