@@ -324,11 +324,7 @@ impl TextFrontEnd {
         mut next: impl FnMut(u32) -> Result<Vec<f32>, PluginError>,
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<Sampled, PluginError> {
-        let sampler = Sampler {
-            temperature: config.temperature,
-            top_k: config.top_k as usize,
-            top_p: config.top_p,
-        };
+        let sampler = Sampler::of(config);
         let mut rng = Rng::new(config.seed);
         let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
         let mut reply = ReplyText::default();

@@ -4,6 +4,8 @@
 
 mod row;
 
+use lmhost_plugin_api::GenerationConfig;
+
 /// splitmix64: small, seedable and stable across versions, unlike a library RNG's stream.
 pub struct Rng(u64);
 
@@ -60,6 +62,15 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// The sampler a generation config asks for.
+    pub fn of(config: &GenerationConfig) -> Sampler {
+        Sampler {
+            temperature: config.temperature,
+            top_k: config.top_k as usize,
+            top_p: config.top_p,
+        }
+    }
+
     /// The next token: greedy at temperature 0, else sampled from the warped distribution: the
     /// tokens taken best first (by logit, then id), cut to the `top_k` best and then to the
     /// fewest whose probability reaches `top_p`, and the uniform draw spent along that order.

@@ -41,16 +41,6 @@ pub fn encode(model: &Whisper, windows: &[Vec<f32>]) -> Result<Vec<CrossKv>> {
         .collect()
 }
 
-/// The sampler a generation config asks for: greedy at temperature 0, else top-k/top-p (the
-/// text models' own, so a seed means the same walk).
-fn sampler(config: &GenerationConfig) -> Sampler {
-    Sampler {
-        temperature: config.temperature,
-        top_k: config.top_k as usize,
-        top_p: config.top_p,
-    }
-}
-
 impl Whisper {
     /// Raw logits of the last position of hidden states `(1, n, d)`.
     fn last_logits(&self, hidden: &Tensor) -> Result<Vec<f32>> {
@@ -97,7 +87,7 @@ impl Whisper {
     ) -> Result<Decoded> {
         let prompt = tokens.prompt(previous);
         let max_ctx = self.config.max_target_positions;
-        let (sampler, mut rng) = (sampler(config), Rng::new(config.seed));
+        let (sampler, mut rng) = (Sampler::of(config), Rng::new(config.seed));
         let mut out = Decoded {
             ids: Vec::new(),
             logprobs: Vec::new(),
@@ -178,10 +168,10 @@ mod tests {
         let logits = [0.0, 5.0, f32::NEG_INFINITY, 4.9];
         let mut rng = Rng::new(7);
         let greedy = GenerationConfig::default();
-        assert_eq!(sampler(&greedy).pick(&logits, &mut rng), 1);
+        assert_eq!(Sampler::of(&greedy).pick(&logits, &mut rng), 1);
         let picks = |config: GenerationConfig, rng: &mut Rng| -> Vec<u32> {
             (0..400)
-                .map(|_| sampler(&config).pick(&logits, rng))
+                .map(|_| Sampler::of(&config).pick(&logits, rng))
                 .collect()
         };
         let all = picks(
