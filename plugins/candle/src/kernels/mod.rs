@@ -327,16 +327,21 @@ impl Scratch {
     }
 }
 
-/// Writes each `(n, m)` result of `transposed` into its `(m, n)` destination, in parallel over
-/// blocks of [`ROWS`] destination rows: each column of a block is [`ROWS`] adjacent values to
-/// read, and each row is written in order. (Column by column on one thread, the writes, a
-/// row apart each, had taken 6% of a 128-row SmolLM2 prefill with the other core idle.)
+/// Writes each `(n, m)` result of `transposed` into its `(m, n)` destination, in parallel:
+/// over blocks of [`ROWS`] destination rows, each column of a block [`ROWS`] adjacent values
+/// to read and each row written in order (column by column on one thread, the writes, a row
+/// apart each, had taken 6% of a 128-row SmolLM2 prefill with the other core idle); and a
+/// decode pass's one block over [`SPANS`] spans of columns (as one task, SmolLM2's output
+/// layer alone, 8 rows of 49152, kept the other core idle for 3.5% of an 8-client `serve`).
 fn untranspose(transposed: &[&mut [f32]], dsts: &mut [&mut [f32]], m: usize) {
     transposed
         .par_iter()
         .zip(dsts.par_iter_mut())
         .for_each(|(t, dst)| {
             let n = t.len() / m;
+            if m <= ROWS {
+                return untranspose_spans(t, dst, m);
+            }
             dst.par_chunks_mut(ROWS * n)
                 .enumerate()
                 .for_each(|(b, rows)| {
@@ -348,6 +353,34 @@ fn untranspose(transposed: &[&mut [f32]], dsts: &mut [&mut [f32]], m: usize) {
                     }
                 });
         });
+}
+
+/// Spans of columns [`untranspose`] splits a block of rows into.
+const SPANS: usize = 8;
+
+/// [`untranspose`] of at most [`ROWS`] rows, `(m, n)`, in parallel over [`SPANS`] spans of
+/// columns: span `c` of every row is one task's, and each row of it is written in order.
+fn untranspose_spans(t: &[f32], dst: &mut [f32], m: usize) {
+    let n = t.len() / m.max(1);
+    if n == 0 {
+        return;
+    }
+    let width = n.div_ceil(SPANS);
+    let mut spans: [[&mut [f32]; ROWS]; SPANS] = Default::default();
+    for (r, row) in dst.chunks_exact_mut(n).enumerate() {
+        for (c, span) in row.chunks_mut(width).enumerate() {
+            spans[c][r] = span;
+        }
+    }
+    spans.par_iter_mut().enumerate().for_each(|(c, rows)| {
+        // Past the last column (a narrow matrix has fewer spans), `rows` are empty.
+        let from = t.get(c * width * m..).unwrap_or_default();
+        for (r, row) in rows[..m].iter_mut().enumerate() {
+            for (out, column) in row.iter_mut().zip(from.chunks_exact(m)) {
+                *out = column[r];
+            }
+        }
+    });
 }
 
 /// Weight rows per parallel task: a few tasks per thread over the whole group, each a whole
