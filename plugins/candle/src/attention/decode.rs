@@ -21,6 +21,9 @@ use crate::kernels::Path;
 /// Lanes of the scalar path's partial sums, so that it vectorizes (two SSE registers).
 const LANES: usize = 8;
 
+/// f32 values in a 64-byte cache line.
+const LINE: usize = 16;
+
 /// The data of a strided `(1, heads, len, head_dim)` f32 tensor on CPU.
 struct Heads<'a> {
     data: &'a [f32],
@@ -44,6 +47,22 @@ impl<'a> Heads<'a> {
             }),
             _ => None,
         }
+    }
+
+    /// Asks the cache for head `h`'s values at positions `keys`: a hint, never a read.
+    #[inline]
+    fn prefetch(&self, h: usize, keys: Range<usize>, d: usize) {
+        #[cfg(target_arch = "x86_64")]
+        for j in keys {
+            let row = self.start + h * self.head_stride + j * self.pos_stride;
+            for at in (row..row + d).step_by(LINE) {
+                let p = self.data.as_ptr().wrapping_add(at);
+                // SAFETY: a prefetch reads nothing; SSE is part of x86_64.
+                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast()) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (h, keys, d);
     }
 
     /// Head `h`'s values at position `j`.
@@ -163,15 +182,29 @@ fn attend_all(
     } else {
         1
     };
+    let tasks = n * heads / per.max(1);
+    // Task `i`'s row, key/value head and the positions it reads (the window's last keys, up
+    // to the query's own).
+    let task = |i: usize| {
+        let (r, g) = (i * per / heads, i * per % heads / n_rep);
+        let (offset, window, scale) = query(r);
+        let first = window.map_or(0, |w| (offset + 1).saturating_sub(w));
+        (r, g, first..offset + 1, scale)
+    };
     out.par_chunks_mut(per * d)
         .zip(queries.par_chunks(per * d))
         .enumerate()
         .for_each(|(i, (out, queries))| {
-            let (r, g) = (i * per / heads, i * per % heads / n_rep);
-            let (offset, window, scale) = query(r);
-            // The positions `visible` admits: the window's last keys, up to the query's own.
-            let first = window.map_or(0, |w| (offset + 1).saturating_sub(w));
-            let keys = first..offset + 1;
+            // The task after this one is most likely this thread's next (rayon splits the
+            // range in halves): its keys and values start on their way to the cache now.
+            if i + 1 < tasks {
+                let (r, g, keys, _) = task(i + 1);
+                kv(r, &mut |k, v| {
+                    k.prefetch(g, keys.clone(), d);
+                    v.prefetch(g, keys.clone(), d);
+                });
+            }
+            let (r, g, keys, scale) = task(i);
             kv(r, &mut |k, v| {
                 for (out, query) in out.chunks_exact_mut(d).zip(queries.chunks_exact(d)) {
                     head(query, (k, v), g, keys.clone(), scale, out);
