@@ -251,7 +251,7 @@ unsafe fn interleaved<W: Nibbles, const N: usize>(
         // unaligned, and a prefetch past the end reads nothing.
         let (d, extra, q) = unsafe {
             let p = group.as_ptr().add(i * bytes);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * bytes).cast());
+            ahead(p, bytes);
             let q: [__m512i; 4] =
                 std::array::from_fn(|c| _mm512_loadu_si512(p.add(pieces + 64 * c).cast()));
             (_mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), p.add(32), q)
@@ -319,9 +319,21 @@ fn lane_sums<const N: usize>(acc: &[__m512; N]) -> [[f32; GROUP]; ROWS] {
     out
 }
 
-/// How far ahead of the group block being read [`interleaved_q8_0`] asks for each of the
-/// next block's cache lines, as the stored kernels do ([`super::avx2`]'s `PREFETCH`).
+/// How far ahead of the group block being read the interleaved kernels ask for each of a
+/// block's cache lines, as the stored kernels do ([`super::avx2`]'s `PREFETCH`). Q4_1's had
+/// asked for one line of each block's five, four blocks ahead: every line asked for took an
+/// 8-row SmolLM2 pass from 9.3-9.6 to 8.7-9.2 ms (`bench_batch`, medians of runs in turns).
 const AHEAD: usize = 2048;
+
+/// Asks the cache for the `bytes` of a group block [`AHEAD`] past `p`: a hint, never a read,
+/// so an address past the end of the weights is harmless.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn ahead(p: *const u8, bytes: usize) {
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + line).cast());
+    }
+}
 
 /// [`interleaved`] for Q8_0, whose interleaved values are stored offset by 128 (unsigned, as
 /// `vpdpbusd` wants one operand): each activation row's sum starts at `-128 · Σ x`.
@@ -343,9 +355,7 @@ unsafe fn interleaved_q8_0<const N: usize>(
         // the end reads nothing.
         let (d, q) = unsafe {
             let p = group.as_ptr().add(i * bytes);
-            for line in (0..bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + line).cast());
-            }
+            ahead(p, bytes);
             let q: [__m512i; 8] =
                 std::array::from_fn(|c| _mm512_loadu_si512(p.add(32 + 64 * c).cast()));
             (_mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), q)
