@@ -58,7 +58,9 @@ impl<'a> Heads<'a> {
             for at in (row..row + d).step_by(LINE) {
                 let p = self.data.as_ptr().wrapping_add(at);
                 // SAFETY: a prefetch reads nothing; SSE is part of x86_64.
-                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast()) };
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast())
+                };
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
