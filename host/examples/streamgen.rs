@@ -10,8 +10,10 @@
 //! completion tokens (from the usage chunks) over its whole time, ramp-down included.
 //!
 //! ```text
-//! cargo run --release --example streamgen -- [--tokens MIN-MAX] http://127.0.0.1:8000 MODEL 1 8 32
+//! cargo run --release --example streamgen -- [--tokens MIN-MAX] [--rounds N] http://127.0.0.1:8000 MODEL 1 8 32
 //! ```
+//! `--rounds N` runs the levels N times in turns, then prints each level's median tok/s and
+//! the median over the rounds of its ratio to the first level's (paired within a round).
 //! (`scripts/bench-serve` starts the server and runs this.) Every request asks a different
 //! question, for a reply of at most MIN to MAX tokens (24-72 unless given; each request's
 //! own, drawn from a fixed sequence), as users' replies differ: clients whose replies all end
@@ -52,25 +54,33 @@ struct Seen {
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let tokens = match args.iter().position(|a| a == "--tokens") {
-        Some(at) => {
-            let range = args.get(at + 1).and_then(|r| {
-                let (min, max) = r.split_once('-')?;
-                Some((min.parse().ok()?, max.parse().ok()?))
-            });
-            args.drain(at..(at + 2).min(args.len()));
-            match range {
-                Some((min, max)) if min <= max && min > 0 => (min, max),
-                _ => usage(),
-            }
-        }
+    let tokens = match flag(&mut args, "--tokens") {
+        Some(range) => match range
+            .split_once('-')
+            .and_then(|(min, max)| Some((min.parse::<u32>().ok()?, max.parse::<u32>().ok()?)))
+        {
+            Some((min, max)) if min <= max && min > 0 => (min, max),
+            _ => usage(),
+        },
         None => TOKENS,
+    };
+    let rounds = match flag(&mut args, "--rounds") {
+        Some(n) => n
+            .parse()
+            .ok()
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or_else(|| usage()),
+        None => 1,
     };
     if args.len() < 3 {
         usage();
     }
     let url = format!("{}/v1/chat/completions", args[0].trim_end_matches('/'));
     let model = &args[1];
+    let levels: Vec<usize> = args[2..]
+        .iter()
+        .map(|level| level.parse().unwrap_or_else(|_| usage()))
+        .collect();
     // One unmeasured request: the model loads on first use.
     let now = Instant::now();
     client(
@@ -84,60 +94,114 @@ fn main() {
     println!(
         "clients  requests  tok/s   whole   ttft p50 ms  ttft p99 ms  itl p50 ms  itl p99 ms  503s  errors"
     );
-    for level in &args[2..] {
-        let clients: usize = level
-            .parse()
-            .unwrap_or_else(|_| panic!("not a number: {level}"));
-        let start = Instant::now();
-        let seen: Vec<Seen> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..clients)
-                .map(|c| {
-                    let url = &url;
-                    s.spawn(move || {
-                        client(
-                            url,
-                            model,
-                            c,
-                            (start, start + Duration::from_secs(SECONDS)),
-                            (REQUESTS, tokens),
-                        )
-                    })
-                })
+    // Each round's tok/s per level, in the order of `levels`.
+    let runs: Vec<Vec<f64>> = (0..rounds)
+        .map(|_| {
+            let round = levels
+                .iter()
+                .map(|&clients| level(&url, model, clients, tokens))
                 .collect();
-            handles.into_iter().filter_map(|h| h.join().ok()).collect()
-        });
-        let elapsed = start.elapsed().as_secs_f64();
-        let all_sending = seen.iter().map(|s| s.finished).min().unwrap_or_default();
-        let sent = seen
-            .iter()
-            .flat_map(|s| &s.arrivals)
-            .filter(|&&t| t <= all_sending)
-            .count();
-        let mut all = Seen::default();
-        for s in seen {
-            all.first_token.extend(s.first_token);
-            all.gaps.extend(s.gaps);
-            all.tokens += s.tokens;
-            all.refused += s.refused;
-            all.errors += s.errors;
-        }
+            if rounds > 1 {
+                println!();
+            }
+            round
+        })
+        .collect();
+    if rounds > 1 {
+        summary(&levels, &runs);
+    }
+}
+
+/// Removes `name VALUE` from `args`, returning the value.
+fn flag(args: &mut Vec<String>, name: &str) -> Option<String> {
+    let at = args.iter().position(|a| a == name)?;
+    let value = args.get(at + 1).cloned().unwrap_or_else(|| usage());
+    args.drain(at..at + 2);
+    Some(value)
+}
+
+/// Runs `clients` clients at once and prints their row; returns their aggregate tok/s.
+fn level(url: &str, model: &str, clients: usize, tokens: (u32, u32)) -> f64 {
+    let start = Instant::now();
+    let seen: Vec<Seen> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                s.spawn(move || {
+                    client(
+                        url,
+                        model,
+                        c,
+                        (start, start + Duration::from_secs(SECONDS)),
+                        (REQUESTS, tokens),
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let all_sending = seen.iter().map(|s| s.finished).min().unwrap_or_default();
+    let sent = seen
+        .iter()
+        .flat_map(|s| &s.arrivals)
+        .filter(|&&t| t <= all_sending)
+        .count();
+    let mut all = Seen::default();
+    for s in seen {
+        all.first_token.extend(s.first_token);
+        all.gaps.extend(s.gaps);
+        all.tokens += s.tokens;
+        all.refused += s.refused;
+        all.errors += s.errors;
+    }
+    let tok_s = sent as f64 / all_sending.as_secs_f64().max(1e-9);
+    println!(
+        "{clients:>7}  {:>8}  {:>5.1}  {:>5.1}  {:>11.0}  {:>11.0}  {:>10.1}  {:>10.1}  {:>4}  {:>6}",
+        all.first_token.len(),
+        tok_s,
+        all.tokens as f64 / elapsed,
+        percentile(&mut all.first_token, 0.50),
+        percentile(&mut all.first_token, 0.99),
+        percentile(&mut all.gaps, 0.50),
+        percentile(&mut all.gaps, 0.99),
+        all.refused,
+        all.errors,
+    );
+    tok_s
+}
+
+/// Per level over the rounds: the median tok/s, and the median of each round's ratio to the
+/// first level's tok/s in the same round. On a machine whose speed drifts, a ratio of levels
+/// run minutes apart moves with the drift; levels run in turns and paired by round do not.
+fn summary(levels: &[usize], runs: &[Vec<f64>]) {
+    println!(
+        "clients  median tok/s (min-max)   median x {} client(s) (min-max)",
+        levels[0]
+    );
+    for (i, clients) in levels.iter().enumerate() {
+        let tok_s: Vec<f64> = runs.iter().map(|round| round[i]).collect();
+        let ratios: Vec<f64> = runs.iter().map(|round| round[i] / round[0]).collect();
+        let (t, r) = (spread(tok_s), spread(ratios));
         println!(
-            "{clients:>7}  {:>8}  {:>5.1}  {:>5.1}  {:>11.0}  {:>11.0}  {:>10.1}  {:>10.1}  {:>4}  {:>6}",
-            all.first_token.len(),
-            sent as f64 / all_sending.as_secs_f64().max(1e-9),
-            all.tokens as f64 / elapsed,
-            percentile(&mut all.first_token, 0.50),
-            percentile(&mut all.first_token, 0.99),
-            percentile(&mut all.gaps, 0.50),
-            percentile(&mut all.gaps, 0.99),
-            all.refused,
-            all.errors,
+            "{clients:>7}  {:>6.1} ({:.1}-{:.1})  {:>17.2}x ({:.2}-{:.2})",
+            t.0, t.1, t.2, r.0, r.1, r.2
         );
     }
 }
 
+/// Median, min and max.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = match n % 2 {
+        1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    };
+    (median, values[0], values[n - 1])
+}
+
 fn usage() -> ! {
-    eprintln!("usage: streamgen [--tokens MIN-MAX] BASE_URL MODEL CONCURRENCY...");
+    eprintln!("usage: streamgen [--tokens MIN-MAX] [--rounds N] BASE_URL MODEL CONCURRENCY...");
     std::process::exit(2);
 }
 
