@@ -8,9 +8,9 @@
 //!    tokens/s against one thread's, and the mean rows per decode pass the batcher formed.
 //!
 //! Prints figures; asserts nothing. `cargo run --release --example bench_batch` (after
-//! `scripts/fetch-models`). Environment: `BENCH_WEIGHTS=auto` (the backend's `weights`
-//! option), `BENCH_ROWS=1,2,4,8,16`, `BENCH_CONTEXT=160` (prompt tokens before decoding, up
-//! to 3000), `BENCH_STEPS=24` (passes per size), `BENCH_THREADS=1,8` (concurrent generations
+//! `scripts/fetch-models`). Environment: `BENCH_WEIGHTS=auto` and `BENCH_KV=auto` (the
+//! backend's `weights` and `kv_cache_dtype` options), `BENCH_ROWS=1,2,4,8,16`,
+//! `BENCH_CONTEXT=160` (prompt tokens before decoding, up to 3000), `BENCH_STEPS=24` (passes per size), `BENCH_THREADS=1,8` (concurrent generations
 //! of `BENCH_TOKENS=48` tokens each).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -82,6 +82,7 @@ fn main() -> anyhow::Result<()> {
         path.display()
     );
     let weights_opt = env_or("BENCH_WEIGHTS", "auto");
+    let kv_opt = env_or("BENCH_KV", "auto");
     let context: usize = env_or("BENCH_CONTEXT", "160").parse()?;
     let steps: usize = env_or("BENCH_STEPS", "24").parse()?;
     let sizes: Vec<usize> = env_or("BENCH_ROWS", "1,2,4,8,16")
@@ -89,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         .map(|s| s.trim().parse())
         .collect::<Result<_, _>>()?;
     let plugin = PluginContext::new("candle", &path.to_string_lossy())
-        .with_options(json!({ "weights": weights_opt }));
+        .with_options(json!({ "weights": weights_opt, "kv_cache_dtype": kv_opt }));
     let backend = Candle::new(plugin)?;
     let engine = backend.engine()?;
     let model = &engine.model;
@@ -97,7 +98,7 @@ fn main() -> anyhow::Result<()> {
     let prompt = ids.get(..context).context("prompt too short")?;
     let pool = rayon::ThreadPoolBuilder::new().build()?;
     let mut base = None;
-    println!("1. packed decode passes, SmolLM2 weights={weights_opt}, {context} prompt tokens each, {steps} passes per size");
+    println!("1. packed decode passes, SmolLM2 weights={weights_opt} kv_cache_dtype={kv_opt}, {context} prompt tokens each, {steps} passes per size");
     println!("| rows | ms per pass | ms per row | vs N x 1 | allocations per pass | KiB allocated per pass |");
     println!("| --- | --- | --- | --- | --- | --- |");
     for &n in &sizes {

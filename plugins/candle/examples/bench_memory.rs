@@ -186,6 +186,7 @@ fn chosen_format(path: &Path, weights: &str, budget: &str) -> anyhow::Result<&'s
         memory_budget: MemoryBudget::parse(budget)
             .context("unknown budget")?
             .bytes_on(&Device::Cpu),
+        kv_dtype: DType::F32,
     };
     let format = fit(&build, &bytes).map_err(anyhow::Error::msg)?;
     Ok(match format {

@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
 use lmhost_plugin_kit::prefix_cache::Segment;
 
 /// Keys and values of every layer, each read as `(1, kv_heads, seq_len, head_dim)`.
@@ -28,6 +28,8 @@ pub struct KvState {
     layers: Vec<Option<Layer>>,
     /// Whether a copying append leaves room to grow (see [`KvState::without_spare`]).
     spare: bool,
+    /// How a layer's first append stores its keys and values; later ones follow the layer.
+    dtype: DType,
 }
 
 /// One layer of a state: positions `0..len` of a buffer it may share.
@@ -185,14 +187,27 @@ impl candle_core::InplaceOp1 for WritePosition<'_> {
     }
 
     fn cpu_fwd(&self, storage: &mut CpuStorage, _: &Layout) -> Result<()> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("a state's f32 row written into keys of another dtype");
-        };
+        match storage {
+            CpuStorage::F32(data) => self.write(data, |dst, row| dst.copy_from_slice(row)),
+            // Rounded to nearest, as candle's `to_dtype` rounds an appended tensor.
+            CpuStorage::F16(data) => self.write(data, |dst, row| {
+                dst.iter_mut()
+                    .zip(row)
+                    .for_each(|(d, x)| *d = half::f16::from_f32(*x))
+            }),
+            _ => candle_core::bail!("a state's row written into keys neither f32 nor f16"),
+        }
+    }
+}
+
+impl WritePosition<'_> {
+    /// Each head's row into `data`, through `put`.
+    fn write<T>(&self, data: &mut [T], put: impl Fn(&mut [T], &[f32])) -> Result<()> {
         let (head, d) = self.stride;
         for (h, row) in self.values.chunks_exact(d).enumerate() {
             let at = self.at + h * head;
             match data.get_mut(at..at + d) {
-                Some(dst) => dst.copy_from_slice(row),
+                Some(dst) => put(dst, row),
                 None => candle_core::bail!("a state's row written past its buffer"),
             }
         }
@@ -200,22 +215,50 @@ impl candle_core::InplaceOp1 for WritePosition<'_> {
     }
 }
 
-/// One layer's keys and values as a decode pass reads them in place: f32 values at
+/// One layer's keys and values as a decode pass reads them in place: values at
 /// `data[start + head * head_stride + position * d..][..d]` for positions `0..len`.
 pub struct LayerData<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: Values<'a>,
+    pub v: Values<'a>,
     pub start: usize,
     pub head_stride: usize,
     pub len: usize,
 }
 
+/// A state's keys or values as stored: f32, or f16 where the model keeps them so (half the
+/// memory and the reads; see the `kv_cache_dtype` option).
+#[derive(Clone, Copy)]
+pub enum Values<'a> {
+    F32(&'a [f32]),
+    F16(&'a [half::f16]),
+}
+
+impl<'a> Values<'a> {
+    /// The values of `storage`, if it is f32 or f16 on CPU.
+    pub fn of(storage: &'a Storage) -> Option<Self> {
+        match storage {
+            Storage::Cpu(CpuStorage::F32(data)) => Some(Values::F32(data)),
+            Storage::Cpu(CpuStorage::F16(data)) => Some(Values::F16(data)),
+            _ => None,
+        }
+    }
+}
+
 impl KvState {
+    /// A state of `n_layers` layers that stores f32 keys and values.
     pub fn new(n_layers: usize) -> Self {
         KvState {
             layers: vec![None; n_layers],
             spare: true,
+            dtype: DType::F32,
         }
+    }
+
+    /// This state, storing the keys and values of layers it has none of yet as `dtype` (f32 or
+    /// f16: see the `kv_cache_dtype` option).
+    pub fn stored_as(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
     }
 
     /// This state, whose appends that copy leave no room to grow: a state that is scored once
@@ -238,10 +281,12 @@ impl KvState {
         self.len() == 0
     }
 
-    /// Appends `k` and `v` to `layer` and returns its whole keys and values (views that never
-    /// change).
+    /// Appends `k` and `v` to `layer`, stored as the layer's keys are (this state's dtype for
+    /// its first), and returns its whole keys and values (views that never change).
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let slot = &mut self.layers[layer];
+        let dtype = slot.as_ref().map_or(self.dtype, |held| held.buf.k.dtype());
+        let (k, v) = (&k.to_dtype(dtype)?, &v.to_dtype(dtype)?);
         if let Some(held) = slot {
             if held.append_in_place(k, v)? {
                 return held.views();
@@ -254,7 +299,7 @@ impl KvState {
     /// Appends one position to `layer`: `k` and `v` are `(kv_heads, head_dim)` row-major f32.
     /// In place (no allocation) where [`KvState::append`] would write in place; a layer with
     /// no keys yet, or one that must copy, goes through [`KvState::append`].
-    pub fn push(&mut self, layer: usize, k: &[f32], v: &[f32], kv_heads: usize) -> Result<()> {
+    pub fn push(&mut self, layer: usize, (k, v): (&[f32], &[f32]), kv_heads: usize) -> Result<()> {
         if let Some(held) = &mut self.layers[layer] {
             if held.push_in_place(k, v)? {
                 return Ok(());
@@ -269,16 +314,13 @@ impl KvState {
         self.append(layer, &k, &v).map(drop)
     }
 
-    /// Runs `f` over `layer`'s keys and values where they lie, if the layer holds f32 values
-    /// on CPU; `None` otherwise.
+    /// Runs `f` over `layer`'s keys and values where they lie, if the layer holds f32 or f16
+    /// values on CPU; `None` otherwise.
     pub fn read<R>(&self, layer: usize, f: impl FnOnce(LayerData<'_>) -> R) -> Option<R> {
         let held = self.layers.get(layer)?.as_ref()?;
         let (k, layout) = held.buf.k.storage_and_layout();
         let (v, v_layout) = held.buf.v.storage_and_layout();
-        let (Storage::Cpu(CpuStorage::F32(k)), Storage::Cpu(CpuStorage::F32(v))) = (&*k, &*v)
-        else {
-            return None;
-        };
+        let (k, v) = (Values::of(&k)?, Values::of(&v)?);
         let &[1, _, capacity, d] = layout.dims() else {
             return None;
         };
@@ -342,6 +384,7 @@ impl KvState {
         Ok(KvState {
             layers,
             spare: true,
+            dtype: self.dtype,
         })
     }
 
@@ -373,6 +416,7 @@ impl KvState {
         Ok(KvState {
             layers,
             spare: true,
+            dtype: parts.last().map_or(first.dtype, |last| last.dtype),
         })
     }
 
@@ -562,6 +606,43 @@ mod tests {
                 .unwrap(),
             40
         );
+    }
+
+    /// A state stored as f16 keeps what it is given rounded to f16, whether appended as a
+    /// tensor or pushed in place, in half the bytes; its slices and joins stay f16.
+    #[test]
+    fn an_f16_state_rounds_what_it_holds_and_counts_half_the_bytes() {
+        let third = 1.0f32 / 3.0;
+        let rounded = half::f16::from_f32(third).to_f32();
+        assert_ne!(rounded, third);
+        let (mut f16s, mut f32s) = (KvState::new(1).stored_as(DType::F16), KvState::new(1));
+        for state in [&mut f16s, &mut f32s] {
+            // 1, 2, then a buffer of 4 with room for the pushed position.
+            (0..3).for_each(|_| drop(step(state, third, 1)));
+            let before = buffer(state).clone();
+            state.push(0, (&[third; 8], &[-third; 8]), 2).unwrap();
+            assert!(Arc::ptr_eq(&before, buffer(state)), "pushed in place");
+        }
+        let (k, v) = f16s.layer(0).unwrap();
+        assert_eq!((k.dtype(), v.dtype()), (DType::F16, DType::F16));
+        let as_f32 = |state: &KvState| {
+            let (k, v) = state.layer(0).unwrap();
+            let f32s = |t: Tensor| t.to_dtype(DType::F32).unwrap();
+            let mut copy = KvState::new(1);
+            copy.append(0, &f32s(k), &f32s(v)).unwrap();
+            copy
+        };
+        assert_eq!(values(&as_f32(&f16s)), [rounded; 4]);
+        assert_eq!(values(&f32s), [third; 4]);
+        assert_eq!(2 * f16s.bytes(), f32s.bytes());
+        let parts = [f16s.slice(0, 1).unwrap(), f16s.slice(1, 3).unwrap()];
+        let mut joined = KvState::concat(&parts).unwrap();
+        step(&mut joined, third, 1);
+        assert_eq!(joined.layer(0).unwrap().0.dtype(), DType::F16);
+        assert_eq!(values(&as_f32(&joined)), [rounded; 5]);
+        // The decode step finds f16 values where they lie.
+        let read = f16s.read(0, |data| matches!(data.k, Values::F16(_)));
+        assert_eq!(read, Some(true));
     }
 
     #[test]

@@ -278,6 +278,7 @@ mod tests {
             attention: crate::attention::resolve("eager").unwrap(),
             max_context: 16,
             memory_budget: Some(budget),
+            kv_dtype: DType::F32,
         }
     }
 

@@ -26,7 +26,11 @@ pub struct Settings {
     pub max_context: usize,
     /// A template file, `"plain"`, or none for the model's own.
     pub chat_template: Option<String>,
+    pub kv_cache_dtype: String,
 }
+
+/// The values of option `kv_cache_dtype`.
+const KV_DTYPES: &[&str] = &["auto", "float32", "float16"];
 
 pub fn specs() -> Vec<OptionSpec> {
     let mut classes = vec!["auto"];
@@ -38,6 +42,15 @@ pub fn specs() -> Vec<OptionSpec> {
             &["auto", "float32", "float16", "bfloat16"],
             "auto",
             "Compute dtype; auto: f32 on CPU, bf16 on CUDA, f16 on Metal.",
+        ),
+        OptionSpec::choice(
+            "kv_cache_dtype",
+            KV_DTYPES,
+            "auto",
+            "How keys and values are kept; auto: the compute dtype. float16 halves their \
+             memory and a decode step's reads of them (long contexts, many concurrent \
+             generations) and rounds each to f16, so results move slightly (f32 is what \
+             explain's values were checked against).",
         ),
         OptionSpec::choice(
             "device",
@@ -144,6 +157,13 @@ impl Settings {
         let attn = string(options, "attn_implementation", "eager");
         attention::resolve(&attn).map_err(PluginError::config)?;
         let model_class = Some(string(options, "model_class", "auto")).filter(|c| c != "auto");
+        let kv_cache_dtype = string(options, "kv_cache_dtype", "auto");
+        if !KV_DTYPES.contains(&kv_cache_dtype.as_str()) {
+            return Err(PluginError::config(format!(
+                "option `kv_cache_dtype` must be one of {}. Given: {kv_cache_dtype:?}",
+                KV_DTYPES.join(", ")
+            )));
+        }
         let settings = Settings {
             dtype: string(options, "dtype", "auto"),
             device: string(options, "device", "auto"),
@@ -155,6 +175,7 @@ impl Settings {
             threads: integer(options, "threads"),
             max_context: integer(options, "max_context"),
             chat_template: Some(string(options, "chat_template", "")).filter(|t| !t.is_empty()),
+            kv_cache_dtype,
         };
         settings.device()?;
         settings.dtype_on(&Device::Cpu)?;
@@ -187,6 +208,15 @@ impl Settings {
             _ if device.is_metal() => DType::F16,
             _ => DType::F32,
         })
+    }
+
+    /// How states keep keys and values, where the model computes in `compute`.
+    pub fn kv_dtype(&self, compute: DType) -> DType {
+        match self.kv_cache_dtype.as_str() {
+            "float32" => DType::F32,
+            "float16" => DType::F16,
+            _ => compute,
+        }
     }
 }
 
@@ -235,6 +265,20 @@ mod tests {
         assert_eq!(err.kind, lmhost_plugin_api::ErrorKind::Config);
         assert!(
             err.message.contains("memory_budget") && err.message.contains("8GiB"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn keys_and_values_follow_the_compute_dtype_unless_asked() {
+        let kv = |v: Value| parse(v).unwrap().kv_dtype(DType::BF16);
+        assert_eq!(kv(json!({})), DType::BF16);
+        assert_eq!(kv(json!({"kv_cache_dtype": "float16"})), DType::F16);
+        assert_eq!(kv(json!({"kv_cache_dtype": "float32"})), DType::F32);
+        let err = parse(json!({"kv_cache_dtype": "float8"})).unwrap_err();
+        assert_eq!(err.kind, lmhost_plugin_api::ErrorKind::Config);
+        assert!(
+            err.message.contains("kv_cache_dtype") && err.message.contains("float16"),
             "{err}"
         );
     }

@@ -263,6 +263,7 @@ impl TextModel {
                 s.max_context
             },
             memory_budget,
+            kv_dtype: s.kv_dtype(dtype),
         };
         let loaded = source::load(&self.model_id, &s.revision, s.model_class.as_deref(), build)?;
         Engine::new(

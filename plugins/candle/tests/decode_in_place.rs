@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
+use candle_core::DType;
 use common::{
     backend, family_metadata, family_tensors, gguf_tensors, max_diff, write_gguf_file, LAYERS,
 };
@@ -115,7 +116,10 @@ fn contents(state: &KvState) -> Vec<f32> {
     (0..LAYERS)
         .filter_map(|l| state.layer(l))
         .flat_map(|(k, v)| {
-            let values = |t: candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>();
+            let values = |t: candle_core::Tensor| {
+                let t = t.to_dtype(DType::F32).unwrap();
+                t.flatten_all().unwrap().to_vec1::<f32>()
+            };
             [values(k).unwrap(), values(v).unwrap()]
         })
         .flatten()
@@ -128,17 +132,21 @@ fn contents(state: &KvState) -> Vec<f32> {
 /// Sequences a pass decodes.
 const ROWS: usize = 17;
 
-const CASES: &[(&str, GgmlDType, &str)] = &[
-    ("llama", GgmlDType::F32, "mixed"),
-    ("qwen2", GgmlDType::F32, "mixed"),
-    ("qwen3", GgmlDType::F32, "mixed"),
-    ("phi3", GgmlDType::F32, "mixed"),
-    ("mistral", GgmlDType::F32, "mixed"),
-    ("gemma3", GgmlDType::F32, "mixed"),
-    ("llama", GgmlDType::Q8_0, "auto"),
-    ("llama", GgmlDType::Q4_1, "compact"),
-    ("gemma3", GgmlDType::Q4_0, "auto"),
-    ("gemma3", GgmlDType::Q8_0, "compact"),
+/// `(architecture, matrices, weights, kv_cache_dtype)`: keys and values kept in f16 are
+/// read where they lie by the step in place, and converted for the op-by-op pass's attention.
+const CASES: &[(&str, GgmlDType, &str, &str)] = &[
+    ("llama", GgmlDType::F32, "mixed", "auto"),
+    ("qwen2", GgmlDType::F32, "mixed", "auto"),
+    ("qwen3", GgmlDType::F32, "mixed", "auto"),
+    ("phi3", GgmlDType::F32, "mixed", "auto"),
+    ("mistral", GgmlDType::F32, "mixed", "auto"),
+    ("gemma3", GgmlDType::F32, "mixed", "auto"),
+    ("llama", GgmlDType::Q8_0, "auto", "auto"),
+    ("llama", GgmlDType::Q4_1, "compact", "auto"),
+    ("gemma3", GgmlDType::Q4_0, "auto", "auto"),
+    ("gemma3", GgmlDType::Q8_0, "compact", "auto"),
+    ("mistral", GgmlDType::Q4_1, "auto", "float16"),
+    ("gemma3", GgmlDType::Q8_0, "auto", "float16"),
 ];
 
 #[test]
@@ -148,10 +156,10 @@ fn decode_passes_in_place_match_op_by_op_and_allocate_only_their_logits() {
         .num_threads(1)
         .build()
         .unwrap();
-    for &(arch, matrices, format) in CASES {
-        let case = format!("{arch} {matrices:?} {format}");
+    for &(arch, matrices, format, kv) in CASES {
+        let case = format!("{arch} {matrices:?} {format} kv {kv}");
         let path = write_model(dir.path(), arch, matrices);
-        let b = backend(&path, json!({ "weights": format }));
+        let b = backend(&path, json!({ "weights": format, "kv_cache_dtype": kv }));
         let engine = b.engine().unwrap();
         let model = engine.model.as_ref();
         // ROWS sequences after prompts of their own lengths, 7 to 27 tokens (Mistral's window
@@ -180,6 +188,13 @@ fn decode_passes_in_place_match_op_by_op_and_allocate_only_their_logits() {
             let diff = max_diff(&ours, &theirs);
             assert!(diff == 0.0, "{case}, step {step}: logits off by {diff}");
         }
+        let stored = in_place[0].layer(0).map(|(k, _)| k.dtype());
+        let expected = if kv == "float16" {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        assert_eq!(stored, Some(expected), "{case}");
         for (ours, theirs) in in_place.iter().zip(&op_by_op) {
             assert_eq!(ours.len(), theirs.len());
             let diff = max_diff(&[contents(ours)], &[contents(theirs)]);

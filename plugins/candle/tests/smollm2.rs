@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
+use lmhost_candle::models::Logits;
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{
@@ -113,6 +114,55 @@ fn logprobs_match_a_full_forward_and_score() {
     let diff = max_abs_diff(&s.logprobs, &r.logprobs[..s.logprobs.len()]);
     println!("score vs generate: max |Δlogprob| = {diff:e}");
     assert!(diff <= 1e-4, "{diff}");
+}
+
+/// Keys and values kept in f16 (`kv_cache_dtype = "float16"`): a greedy answer's logprobs
+/// (up to where a near tie may part the two answers) and a score of the f32 answer within
+/// f16's rounding of f32's, and a prompt's state in half the bytes. With f32 weights, so that
+/// every difference is the keys' and values' own: through 8-bit activations a difference of
+/// 1e-3 can round an activation the other way (the default `auto` weights moved this
+/// answer's logprobs by up to 0.26). The step in place reads f16 where it lies, bit for bit
+/// as the op-by-op pass does: `tests/decode_in_place.rs`.
+#[test]
+fn f16_keys_and_values_stay_near_f32_in_half_the_memory() {
+    let (f32s, f16s) = (
+        open(json!({"weights": "f32"})),
+        open(json!({"weights": "f32", "kv_cache_dtype": "float16"})),
+    );
+    let (a, b) = (
+        f32s.generate(&question(), &greedy(12)).unwrap(),
+        f16s.generate(&question(), &greedy(12)).unwrap(),
+    );
+    let same = a
+        .token_ids
+        .iter()
+        .zip(b.token_ids.iter())
+        .take_while(|(x, y)| x == y)
+        .count();
+    assert!(same >= 4, "{:?} against {:?}", a.text, b.text);
+    let generated = max_abs_diff(&a.logprobs[..same], &b.logprobs[..same]);
+    let (sa, sb) = (
+        f32s.score(&question(), &a.text).unwrap(),
+        f16s.score(&question(), &a.text).unwrap(),
+    );
+    let scored = max_abs_diff(&sa.logprobs, &sb.logprobs);
+    println!("f16 against f32 keys and values: max |Δlogprob| {generated:e} generating, {scored:e} scoring");
+    // f16 keeps 11 significant bits: differences of about 1e-3 here, none at all would mean
+    // the option changed nothing.
+    for diff in [generated, scored] {
+        assert!(diff > 0.0 && diff < 0.02, "{diff}");
+    }
+    let bytes = |b: &Candle| {
+        let engine = b.engine().unwrap();
+        let ids = engine.front.prompt_ids(&question(), 0).unwrap();
+        let mut kv = engine.model.new_state();
+        engine
+            .model
+            .forward(&ids, &mut kv, Logits::Last, false)
+            .unwrap();
+        kv.bytes()
+    };
+    assert_eq!(2 * bytes(&f16s), bytes(&f32s));
 }
 
 #[test]

@@ -6,56 +6,144 @@
 //! grouped-query attention first copies once per query head and pads) is op overhead and copies
 //! more than arithmetic: in a packed pass of 8 rows on SmolLM2 those were about half the pass.
 //! Here each (row, head) is a dot product per key, a softmax and a weighted sum of values, with
-//! no copy. f32 on CPU only; elsewhere [`rows`] answers `None` and the caller takes the generic
-//! path. [`states`] is the same loop for a decode step over buffers of its own
+//! no copy. f32 queries on CPU, against f32 or f16 keys and values (a state kept in f16 is read
+//! where it lies, converted 8 values at a time); elsewhere [`rows`] answers `None` and the
+//! caller takes the generic path. [`states`] is the same loop for a decode step over buffers of its own
 //! (`models/step.rs`): queries from a slice, keys read from each state where they lie.
 
 use std::ops::Range;
 
-use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
+use candle_core::{DType, Layout, Result, Tensor};
+use half::f16;
 use rayon::prelude::*;
 
 use super::RowKeys;
 use crate::kernels::Path;
+use crate::kv::{LayerData, Values};
 
 /// Lanes of the scalar path's partial sums, so that it vectorizes (two SSE registers).
 const LANES: usize = 8;
 
-/// f32 values in a 64-byte cache line.
-const LINE: usize = 16;
+/// Bytes in a cache line.
+const LINE: usize = 64;
 
-/// The data of a strided `(1, heads, len, head_dim)` f32 tensor on CPU.
-struct Heads<'a> {
-    data: &'a [f32],
+/// An element of keys and values as a state stores them, read as f32.
+trait Elem: Copy + Send + Sync {
+    fn f32(self) -> f32;
+
+    /// `x`'s 8 values as f32.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(x: &[Self; 8]) -> std::arch::x86_64::__m256;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(x: &[f32; 8]) -> std::arch::x86_64::__m256 {
+        // SAFETY: `x` is 8 readable f32s; the load is unaligned.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(x.as_ptr()) }
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(x: &[f16; 8]) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
+        // SAFETY: `x` is 16 readable bytes (the load is unaligned); the caller's CPU has F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().cast())) }
+    }
+}
+
+/// The data of a strided `(1, heads, len, head_dim)` tensor on CPU.
+struct Heads<'a, E> {
+    data: &'a [E],
     start: usize,
     head_stride: usize,
     pos_stride: usize,
 }
 
-impl<'a> Heads<'a> {
-    /// `None` unless `storage` is f32 on CPU and each position's values are contiguous.
-    fn of(storage: &'a Storage, layout: &Layout) -> Option<Self> {
-        let Storage::Cpu(CpuStorage::F32(data)) = storage else {
-            return None;
-        };
-        match layout.stride() {
-            [_, head_stride, pos_stride, 1] => Some(Heads {
-                data,
-                start: layout.start_offset(),
-                head_stride: *head_stride,
-                pos_stride: *pos_stride,
-            }),
+/// A sequence's keys and values, both f32 or both f16.
+enum Pair<'a> {
+    F32(Heads<'a, f32>, Heads<'a, f32>),
+    F16(Heads<'a, f16>, Heads<'a, f16>),
+}
+
+/// Where head 0's first value is, and the values from one head to the next and from one
+/// position to the next.
+type Strides = (usize, usize, usize);
+
+/// The strides of a `(1, heads, len, head_dim)` layout whose positions' values are
+/// contiguous.
+fn strides(layout: &Layout) -> Option<Strides> {
+    match layout.stride() {
+        [_, head_stride, pos_stride, 1] => Some((layout.start_offset(), *head_stride, *pos_stride)),
+        _ => None,
+    }
+}
+
+impl<'a, E> Heads<'a, E> {
+    fn new(data: &'a [E], (start, head_stride, pos_stride): Strides) -> Self {
+        Heads {
+            data,
+            start,
+            head_stride,
+            pos_stride,
+        }
+    }
+}
+
+impl<'a> Pair<'a> {
+    /// Keys and values laid out as their strides say, if they are of one type.
+    fn of((k, ks): (Values<'a>, Strides), (v, vs): (Values<'a>, Strides)) -> Option<Self> {
+        match (k, v) {
+            (Values::F32(k), Values::F32(v)) => {
+                Some(Pair::F32(Heads::new(k, ks), Heads::new(v, vs)))
+            }
+            (Values::F16(k), Values::F16(v)) => {
+                Some(Pair::F16(Heads::new(k, ks), Heads::new(v, vs)))
+            }
             _ => None,
         }
     }
 
+    /// A state's layer as a decode step reads it in place (`d` values a position).
+    fn read(data: LayerData<'a>, d: usize) -> Option<Self> {
+        let at = (data.start, data.head_stride, d);
+        Pair::of((data.k, at), (data.v, at))
+    }
+
+    /// Asks the cache for head `h`'s keys and values at positions `keys`.
+    fn prefetch(&self, h: usize, keys: Range<usize>, d: usize) {
+        match self {
+            Pair::F32(k, v) => [k, v].map(|x| x.prefetch(h, keys.clone(), d)),
+            Pair::F16(k, v) => [k, v].map(|x| x.prefetch(h, keys.clone(), d)),
+        };
+    }
+}
+
+impl<'a, E: Elem> Heads<'a, E> {
     /// Asks the cache for head `h`'s values at positions `keys`: a hint, never a read.
     #[inline]
     fn prefetch(&self, h: usize, keys: Range<usize>, d: usize) {
         #[cfg(target_arch = "x86_64")]
         for j in keys {
             let row = self.start + h * self.head_stride + j * self.pos_stride;
-            for at in (row..row + d).step_by(LINE) {
+            let step = LINE / size_of::<E>();
+            for at in (row..row + d).step_by(step) {
                 let p = self.data.as_ptr().wrapping_add(at);
                 // SAFETY: a prefetch reads nothing; SSE is part of x86_64.
                 unsafe {
@@ -69,7 +157,7 @@ impl<'a> Heads<'a> {
 
     /// Head `h`'s values at position `j`.
     #[inline(always)]
-    fn at(&self, h: usize, j: usize, d: usize) -> &'a [f32] {
+    fn at(&self, h: usize, j: usize, d: usize) -> &'a [E] {
         let s = self.start + h * self.head_stride + j * self.pos_stride;
         &self.data[s..s + d]
     }
@@ -77,7 +165,8 @@ impl<'a> Heads<'a> {
 
 /// Softmax(q kᵀ · scale + mask) v for each row of `q` `(1, heads, rows, head_dim)` against
 /// `rows[i]`, whose keys must end at the query's position; `None` where this path does not
-/// apply (not f32 on CPU, or keys not laid out as a state holds them).
+/// apply (queries not f32 on CPU, keys and values not both f32 or both f16, or not laid out
+/// as a state holds them).
 pub fn rows(q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Option<Tensor>> {
     let (_, heads, n, d) = q.dims4()?;
     let hides = rows.iter().any(|r| r.params.hidden.is_some());
@@ -101,9 +190,13 @@ pub fn rows(q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Option<Tensor>> {
         .collect();
     let mut states = Vec::with_capacity(n);
     for ((k, kl), (v, vl)) in &guards {
-        match (Heads::of(k, kl), Heads::of(v, vl)) {
-            (Some(k), Some(v)) => states.push((k, v)),
-            _ => return Ok(None),
+        let laid = |values, layout| Some((Values::of(values)?, strides(layout)?));
+        match laid(k, kl)
+            .zip(laid(v, vl))
+            .and_then(|(k, v)| Pair::of(k, v))
+        {
+            Some(pair) => states.push(pair),
+            None => return Ok(None),
         }
     }
     let mut out = vec![0f32; n * heads * d];
@@ -112,10 +205,7 @@ pub fn rows(q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Option<Tensor>> {
         let p = &rows[r].params;
         (p.offset, p.sliding_window, p.scale as f32)
     };
-    attend_all(&queries, &mut out, shape, query, |r, f| {
-        let (k, v) = &states[r];
-        f(k, v)
-    });
+    attend_all(&queries, &mut out, shape, query, |r, f| f(&states[r]));
     Tensor::from_vec(out, (1, n, heads, d), q.device())?
         .transpose(1, 2)
         .map(Some)
@@ -143,7 +233,10 @@ pub fn states<'s>(
     positions: &[usize],
     states: &(dyn Fn(usize) -> &'s crate::kv::KvState + Sync),
 ) -> Option<()> {
-    let ends = |r: usize, &at: &usize| states(r).read(layer, |data| data.len == at + 1);
+    let ends = |r: usize, &at: &usize| {
+        let fits = |data: LayerData<'_>| data.len == at + 1 && Pair::read(data, shape.d).is_some();
+        states(r).read(layer, fits)
+    };
     if !positions
         .iter()
         .enumerate()
@@ -153,15 +246,7 @@ pub fn states<'s>(
     }
     let query = |r: usize| (positions[r], window, scale);
     attend_all(queries, out, shape, query, |r, f| {
-        states(r).read(layer, |data| {
-            let heads = |values| Heads {
-                data: values,
-                start: data.start,
-                head_stride: data.head_stride,
-                pos_stride: shape.d,
-            };
-            f(&heads(data.k), &heads(data.v))
-        });
+        states(r).read(layer, |data| Pair::read(data, shape.d).map(|pair| f(&pair)));
     });
     Some(())
 }
@@ -173,7 +258,7 @@ fn attend_all(
     out: &mut [f32],
     Shape { heads, n_rep, d }: Shape,
     query: impl Fn(usize) -> (usize, Option<usize>, f32) + Sync,
-    kv: impl Fn(usize, &mut dyn FnMut(&Heads<'_>, &Heads<'_>)) + Sync,
+    kv: impl Fn(usize, &mut dyn FnMut(&Pair<'_>)) + Sync,
 ) {
     let n = queries.len() / (heads * d).max(1);
     // One task per (row, key/value head): its query heads read the same keys while they are
@@ -201,24 +286,24 @@ fn attend_all(
             // range in halves): its keys and values start on their way to the cache now.
             if i + 1 < tasks {
                 let (r, g, keys, _) = task(i + 1);
-                kv(r, &mut |k, v| {
-                    k.prefetch(g, keys.clone(), d);
-                    v.prefetch(g, keys.clone(), d);
-                });
+                kv(r, &mut |pair| pair.prefetch(g, keys.clone(), d));
             }
             let (r, g, keys, scale) = task(i);
-            kv(r, &mut |k, v| {
+            kv(r, &mut |pair| {
                 for (out, query) in out.chunks_exact_mut(d).zip(queries.chunks_exact(d)) {
-                    head(query, (k, v), g, keys.clone(), scale, out);
+                    match pair {
+                        Pair::F32(k, v) => head(query, (k, v), g, keys.clone(), scale, out),
+                        Pair::F16(k, v) => head(query, (k, v), g, keys.clone(), scale, out),
+                    }
                 }
             });
         });
 }
 
 /// One query head against key/value head `g`, on the fastest path this CPU has.
-fn head(
+fn head<E: Elem>(
     query: &[f32],
-    kv: (&Heads<'_>, &Heads<'_>),
+    kv: (&Heads<'_, E>, &Heads<'_, E>),
     g: usize,
     keys: Range<usize>,
     scale: f32,
@@ -246,9 +331,9 @@ thread_local! {
 
 /// One query against key/value head `g` at positions `keys`, into `out`; `weights` (one per
 /// key) holds the scores.
-fn attend(
+fn attend<E: Elem>(
     query: &[f32],
-    (k, v): (&Heads<'_>, &Heads<'_>),
+    (k, v): (&Heads<'_, E>, &Heads<'_, E>),
     g: usize,
     keys: Range<usize>,
     scale: f32,
@@ -262,7 +347,7 @@ fn attend(
     out.fill(0.0);
     for (w, j) in weights.iter().zip(keys) {
         for (o, x) in out.iter_mut().zip(v.at(g, j, d)) {
-            *o += w * x;
+            *o += w * x.f32();
         }
     }
 }
@@ -281,16 +366,16 @@ fn softmax(scores: &mut [f32]) {
 }
 
 /// `a · b` in [`LANES`] partial sums added as a tree.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<E: Elem>(a: &[f32], b: &[E]) -> f32 {
     let mut acc = [0f32; LANES];
     let (a_body, a_tail) = a.as_chunks::<LANES>();
     let (b_body, b_tail) = b.as_chunks::<LANES>();
     for (x, y) in a_body.iter().zip(b_body) {
         for l in 0..LANES {
-            acc[l] += x[l] * y[l];
+            acc[l] += x[l] * y[l].f32();
         }
     }
-    let tail: f32 = a_tail.iter().zip(b_tail).map(|(x, y)| x * y).sum();
+    let tail: f32 = a_tail.iter().zip(b_tail).map(|(x, y)| x * y.f32()).sum();
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -316,7 +401,7 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::Heads;
+    use super::{Elem, Heads};
     use crate::models::glu::exp8;
 
     /// Keys per step of the scores, and 8-wide output chunks per step of the weighted sum:
@@ -325,11 +410,11 @@ mod avx2 {
     const AT_ONCE: usize = 8;
 
     /// # Safety
-    /// The CPU must have AVX2 and FMA, and `query.len()` must be a multiple of 8.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn attend(
+    /// The CPU must have AVX2, FMA and F16C, and `query.len()` must be a multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend<E: Elem>(
         query: &[f32],
-        (k, v): (&Heads<'_>, &Heads<'_>),
+        (k, v): (&Heads<'_, E>, &Heads<'_, E>),
         g: usize,
         keys: Range<usize>,
         scale: f32,
@@ -340,10 +425,10 @@ mod avx2 {
     }
 
     /// [`attend`] with `weights` (one per key) to hold the scores.
-    #[target_feature(enable = "avx2,fma")]
-    fn attend_with(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn attend_with<E: Elem>(
         query: &[f32],
-        (k, v): (&Heads<'_>, &Heads<'_>),
+        (k, v): (&Heads<'_, E>, &Heads<'_, E>),
         g: usize,
         keys: Range<usize>,
         scale: f32,
@@ -354,13 +439,15 @@ mod avx2 {
         let (q, _) = query.as_chunks::<8>();
         for (at, ws) in weights.chunks_mut(AT_ONCE).enumerate() {
             let first = keys.start + at * AT_ONCE;
-            let rows: [&[f32]; AT_ONCE] =
+            let rows: [&[E]; AT_ONCE] =
                 std::array::from_fn(|t| k.at(g, first + t.min(ws.len() - 1), d));
             let mut acc = [_mm256_setzero_ps(); AT_ONCE];
             for (c, q) in q.iter().enumerate() {
                 let q = load(q);
                 for (acc, row) in acc.iter_mut().zip(rows) {
-                    *acc = _mm256_fmadd_ps(q, load(chunk(row, c)), *acc);
+                    // SAFETY: this function's features.
+                    let k = unsafe { E::load8(chunk(row, c)) };
+                    *acc = _mm256_fmadd_ps(q, k, *acc);
                 }
             }
             let sums = _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale));
@@ -377,7 +464,9 @@ mod avx2 {
                 let w = _mm256_set1_ps(*w);
                 let row = v.at(g, j, d);
                 for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
-                    *acc = _mm256_fmadd_ps(w, load(chunk(row, step * AT_ONCE + c)), *acc);
+                    // SAFETY: this function's features.
+                    let x = unsafe { E::load8(chunk(row, step * AT_ONCE + c)) };
+                    *acc = _mm256_fmadd_ps(w, x, *acc);
                 }
             }
             for (out, acc) in out.iter_mut().zip(acc) {
@@ -435,7 +524,7 @@ mod avx2 {
 
     /// The `c`th 8 values of `row`.
     #[inline(always)]
-    fn chunk(row: &[f32], c: usize) -> &[f32; 8] {
+    fn chunk<E>(row: &[E], c: usize) -> &[E; 8] {
         &row.as_chunks::<8>().0[c]
     }
 

@@ -284,6 +284,8 @@ pub struct Decoder {
     /// kernels, in f32 on CPU, and attention is a built-in one
     /// ([`Attention::rows_in_place`]: an application's own is called for every pass).
     steps_in_place: bool,
+    /// How its states store keys and values.
+    kv_dtype: DType,
 }
 
 impl Decoder {
@@ -337,6 +339,7 @@ impl Decoder {
             max_context,
             cfg,
             steps_in_place,
+            kv_dtype: opts.kv_dtype,
         })
     }
 
@@ -451,7 +454,7 @@ impl super::CausalLm for Decoder {
     }
 
     fn new_state(&self) -> KvState {
-        KvState::new(self.blocks.len())
+        KvState::new(self.blocks.len()).stored_as(self.kv_dtype)
     }
 
     fn embed(&self, ids: &[u32]) -> Result<Tensor> {

@@ -182,6 +182,8 @@ pub struct BuildOptions {
     pub max_context: usize,
     /// The most bytes the weights may take (None: no limit); see `crate::memory::fit`.
     pub memory_budget: Option<u64>,
+    /// How states store keys and values: f32, or f16 (`kv_cache_dtype`).
+    pub kv_dtype: DType,
 }
 
 /// Block `i` of a Llama-family model: separate q/k/v (biased for Qwen2), gate, up and down.

@@ -248,6 +248,9 @@ pub fn attend_packed(
         let (k, v) = seq
             .kv
             .append(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
+        // Keys and values stored in f16 are attended to in the queries' dtype (the in-place
+        // decode step reads them where they lie instead).
+        let (k, v) = (k.to_dtype(q.dtype())?, v.to_dtype(q.dtype())?);
         let params = AttnParams {
             scale,
             n_rep,

@@ -316,7 +316,7 @@ fn push_rows(
         .zip(k.chunks_exact(width))
         .zip(v.chunks_exact(width))
     {
-        seq.kv.push(layer, k, v, kv_heads)?;
+        seq.kv.push(layer, (k, v), kv_heads)?;
     }
     Ok(())
 }

@@ -67,6 +67,8 @@ pub struct Gemma3 {
     max_context: usize,
     /// Whether decode passes run in place ([`step`]), as the Llama-shaped decoder's do.
     steps_in_place: bool,
+    /// How its states store keys and values.
+    kv_dtype: DType,
 }
 
 impl Block {
@@ -151,6 +153,7 @@ impl Gemma3 {
         let steps_in_place = step::runs_in_place(&opts, layers.chain([&lm_head]));
         Ok(Gemma3 {
             steps_in_place,
+            kv_dtype: opts.kv_dtype,
             embed,
             embed_scale,
             blocks,
@@ -310,7 +313,7 @@ impl super::CausalLm for Gemma3 {
     }
 
     fn new_state(&self) -> KvState {
-        KvState::new(self.blocks.len())
+        KvState::new(self.blocks.len()).stored_as(self.kv_dtype)
     }
 
     /// Scaled by sqrt(hidden): the rows the first layer sees.
