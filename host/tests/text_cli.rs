@@ -168,3 +168,24 @@ fn bad_token_ids_are_refused_naming_them() {
         "{stderr}"
     );
 }
+
+/// `configs/serve.toml` (SmolLM2 with keys and values kept in f16) loads and answers, its
+/// record's logprobs as many as its tokens.
+#[test]
+fn the_serving_config_keeps_f16_keys_and_answers() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
+        .current_dir(repo())
+        .args(["-q", "generate", "--config", "configs/serve.toml", "--json"])
+        .args(["--prompt", "What is the capital of France?"])
+        .output()
+        .expect("lmhost runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let record: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let tokens = ids(&record).len();
+    assert!(tokens > 0, "{record}");
+    assert_eq!(record["logprobs"].as_array().map(Vec::len), Some(tokens));
+}
