@@ -28,8 +28,9 @@ pub struct KvState {
     layers: Vec<Option<Layer>>,
     /// Whether a copying append leaves room to grow (see [`KvState::without_spare`]).
     spare: bool,
-    /// How a layer's first append stores its keys and values; later ones follow the layer.
-    dtype: DType,
+    /// How a layer's first append stores its keys and values (none: as they come); later
+    /// ones follow the layer.
+    dtype: Option<DType>,
 }
 
 /// One layer of a state: positions `0..len` of a buffer it may share.
@@ -245,19 +246,19 @@ impl<'a> Values<'a> {
 }
 
 impl KvState {
-    /// A state of `n_layers` layers that stores f32 keys and values.
+    /// A state of `n_layers` layers that keeps keys and values in the dtype they come in.
     pub fn new(n_layers: usize) -> Self {
         KvState {
             layers: vec![None; n_layers],
             spare: true,
-            dtype: DType::F32,
+            dtype: None,
         }
     }
 
     /// This state, storing the keys and values of layers it has none of yet as `dtype` (f32 or
     /// f16: see the `kv_cache_dtype` option).
     pub fn stored_as(mut self, dtype: DType) -> Self {
-        self.dtype = dtype;
+        self.dtype = Some(dtype);
         self
     }
 
@@ -281,12 +282,14 @@ impl KvState {
         self.len() == 0
     }
 
-    /// Appends `k` and `v` to `layer`, stored as the layer's keys are (this state's dtype for
-    /// its first), and returns its whole keys and values (views that never change).
+    /// Appends `k` and `v` to `layer`, stored as the layer's keys are (for its first, as
+    /// [`KvState::stored_as`] says, else as they come), and returns its whole keys and values
+    /// (views that never change).
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let slot = &mut self.layers[layer];
-        let dtype = slot.as_ref().map_or(self.dtype, |held| held.buf.k.dtype());
-        let (k, v) = (&k.to_dtype(dtype)?, &v.to_dtype(dtype)?);
+        let dtype = slot.as_ref().map(|held| held.buf.k.dtype()).or(self.dtype);
+        let stored = |t: &Tensor| dtype.map_or_else(|| Ok(t.clone()), |dtype| t.to_dtype(dtype));
+        let (k, v) = (&stored(k)?, &stored(v)?);
         if let Some(held) = slot {
             if held.append_in_place(k, v)? {
                 return held.views();
