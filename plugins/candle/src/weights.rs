@@ -155,6 +155,12 @@ pub fn generating<R>(f: impl FnOnce() -> R) -> R {
     keep_pool_warm(|| in_phase(true, f))
 }
 
+/// Runs `f`, a share of the rows of a pass already inside [`generating`] that another pool
+/// thread may have taken, in the generation phase, without pollers of its own.
+pub fn generating_share<R>(f: impl FnOnce() -> R) -> R {
+    in_phase(true, f)
+}
+
 /// Whether a generation's prompt runs through the decode copies, for a checkpoint with
 /// quantized matrices (`quantized`) or without: where layers have them, on a CPU whose kernels
 /// have AVX-512 VNNI, there faster than f32 GEMM at every prompt length measured (SmolLM2 Q4_1,
