@@ -10,8 +10,8 @@
 //! Prints figures; asserts nothing. `cargo run --release --example bench_batch` (after
 //! `scripts/fetch-models`). Environment: `BENCH_WEIGHTS=auto` and `BENCH_KV=auto` (the
 //! backend's `weights` and `kv_cache_dtype` options), `BENCH_ROWS=1,2,4,8,16`,
-//! `BENCH_CONTEXT=160` (prompt tokens before decoding, up to 3000), `BENCH_STEPS=24` (passes per size), `BENCH_THREADS=1,8` (concurrent generations
-//! of `BENCH_TOKENS=48` tokens each).
+//! `BENCH_CONTEXT=160` (prompt tokens before decoding, up to 3000), `BENCH_STEPS=24` (passes
+//! per size), `BENCH_THREADS=1,8` (concurrent generations of `BENCH_TOKENS=48` tokens each).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;

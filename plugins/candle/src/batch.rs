@@ -232,10 +232,11 @@ struct Queued<T> {
     next_id: u64,
 }
 
-/// The prompts of concurrent generations: whoever finds no prompt pass running takes the
-/// first [`ROWS`] queued prompts and runs them as one packed pass (and leads again while its
-/// own has not run); the others wait for their states. No waiting to gather them: prompts queued while a pass runs
-/// make up the next one. `T` is what a prompt leaves ([`Started`] for the engine's).
+/// The prompts of concurrent generations: whoever finds no prompt pass running takes the first
+/// [`ROWS`] queued prompts and runs them as one packed pass (and leads again while its own has
+/// not run); the others wait for their states. No waiting to gather them: prompts queued while
+/// a pass runs make up the next one. `T` is what a prompt leaves ([`Started`] for the
+/// engine's).
 pub struct Prompts<T = Started> {
     queued: Mutex<Queued<T>>,
     changed: Condvar,

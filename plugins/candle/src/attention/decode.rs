@@ -8,8 +8,8 @@
 //! Here each (row, head) is a dot product per key, a softmax and a weighted sum of values, with
 //! no copy. f32 queries on CPU, against f32 or f16 keys and values (a state kept in f16 is read
 //! where it lies, converted 8 values at a time); elsewhere [`rows`] answers `None` and the
-//! caller takes the generic path. [`states`] is the same loop for a decode step over buffers of its own
-//! (`models/step.rs`): queries from a slice, keys read from each state where they lie.
+//! caller takes the generic path. [`states`] is the same loop for a decode step over buffers of
+//! its own (`models/step.rs`): queries from a slice, keys read from each state where they lie.
 
 use std::ops::Range;
 

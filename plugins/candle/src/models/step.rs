@@ -4,13 +4,13 @@
 //! storage, shape and strides), some 5400 allocations a SmolLM2 token, and copies keys and
 //! values into views. Where every matrix of a model decodes through our kernels (`weights =
 //! auto`, `compact` or `mixed` on CPU in f32) and attention is a built-in implementation (an
-//! application's own, `attention::register`, is called for every pass), its step instead
-//! runs over a [`Workspace`] of f32 buffers that a thread keeps from pass to pass, writes each
-//! position's keys and values into its state's buffer in place ([`KvState::push`]) and
-//! attends to them where they lie ([`crate::attention::decode::states`]): nothing is
-//! allocated per layer, only the logits handed back. Each value is computed with the op-by-op pass's operations in the same order
-//! (candle's CPU norms, RoPE and soft-cap written out; our kernels and attention heads
-//! shared), so the two agree bit for bit (`tests/decode_in_place.rs`).
+//! application's own, `attention::register`, is called for every pass), its step instead runs
+//! over a [`Workspace`] of f32 buffers that a thread keeps from pass to pass, writes each
+//! position's keys and values into its state's buffer in place ([`KvState::push`]) and attends
+//! to them where they lie ([`crate::attention::decode::states`]): nothing is allocated per
+//! layer, only the logits handed back. Each value is computed with the op-by-op pass's
+//! operations in the same order (candle's CPU norms, RoPE and soft-cap written out; our kernels
+//! and attention heads shared), so the two agree bit for bit (`tests/decode_in_place.rs`).
 
 use candle_core::{DType, Result, Tensor};
 
