@@ -23,12 +23,6 @@ use crate::options::Settings;
 use crate::{attention, kernels, source, weights};
 use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache};
 
-/// Prompts [`TextModel::generate_batch`] decodes together: two passes of [`kernels::ROWS`]
-/// rows side by side ([`crate::batch::decode_pass`]). Explain's generation-based values over
-/// 130 coalitions of SmolLM2 (29 words) took 7.1-8.0 s so, 7.9-9.4 s in groups of `ROWS`; groups
-/// of four times `ROWS` were no faster and hold twice the states.
-const GROUP: usize = 2 * kernels::ROWS;
-
 /// Runs `f` on `pool`, outside the decode phase (see [`weights::prefilling`]).
 fn install<T: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> T + Send) -> T {
     pool.install(|| weights::prefilling(f))
@@ -85,7 +79,7 @@ impl TextModel {
         self.decode(&engine, started, config, sink, pool)
     }
 
-    /// [`GROUP`] prompts at a time: their prompts in packed passes, then their replies
+    /// [`kernels::ROWS`] prompts at a time: their prompts in packed passes, then their replies
     /// decoded together (one thread each, their steps packed by the batcher). So a batch costs
     /// about what its longest reply does, and holds the states of only one group.
     pub fn generate_batch(
@@ -99,7 +93,7 @@ impl TextModel {
             .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
         let engine = self.engine(pool)?;
         let mut records = Vec::with_capacity(snapshots.len());
-        for (g, group) in snapshots.chunks(GROUP).enumerate() {
+        for (g, group) in snapshots.chunks(kernels::ROWS).enumerate() {
             let started = self.with_store(|store| {
                 self.batcher
                     .prompt(|| install(pool, || engine.start_batch(group, store)))
@@ -122,7 +116,7 @@ impl TextModel {
                     .collect()
             });
             for (i, record) in decoded.into_iter().enumerate() {
-                let i = g * GROUP + i;
+                let i = g * kernels::ROWS + i;
                 records.push(record.map_err(|e| {
                     PluginError::new(e.kind, format!("prompt {i} of the batch: {}", e.message))
                 })?);
