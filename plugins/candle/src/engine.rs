@@ -461,7 +461,7 @@ impl Engine {
             reused,
             row,
         } = started;
-        let mut kv = Some(kv);
+        let mut kv = Some(kv.with_room_for(config.max_new_tokens as usize));
         let sampled = self.front.sample(
             config,
             prompt_len,

@@ -12,7 +12,8 @@
 //! stored state and no later decoding, on any branch, can change what they hold, because any
 //! position a state or a view handed out reads is below the mark.
 //!
-//! Spare capacity is at most the positions held (a decoding state doubles as it grows). Stored
+//! Spare capacity is at most the positions held (a decoding state doubles as it grows; a
+//! generation's, no more than its reply can add: [`KvState::with_room_for`]). Stored
 //! segments ([`KvState::slice`], [`KvState::concat`]) are exact-sized copies, so what a cache
 //! counts with [`KvState::bytes`] is what it keeps alive.
 
@@ -26,11 +27,22 @@ use lmhost_plugin_kit::prefix_cache::Segment;
 #[derive(Debug, Clone)]
 pub struct KvState {
     layers: Vec<Option<Layer>>,
-    /// Whether a copying append leaves room to grow (see [`KvState::without_spare`]).
-    spare: bool,
+    /// What a copying append leaves room for.
+    room: Room,
     /// How a layer's first append stores its keys and values (none: as they come); later
     /// ones follow the layer.
     dtype: Option<DType>,
+}
+
+/// Positions a copying append leaves room for past what it writes.
+#[derive(Clone, Copy, Debug)]
+enum Room {
+    /// As many as the state then holds: appends copy O(1) amortized.
+    Double,
+    /// None: a state scored once and dropped ([`KvState::without_spare`]).
+    None,
+    /// At most this many, never more than doubling would leave ([`KvState::with_room_for`]).
+    For(usize),
 }
 
 /// One layer of a state: positions `0..len` of a buffer it may share.
@@ -143,13 +155,18 @@ impl Layer {
         Ok(true)
     }
 
-    /// `held` followed by `k` and `v` in a new buffer with room for twice what `held` holds
-    /// when `room` (none after a first append: a state that is never extended costs what it
+    /// `held` followed by `k` and `v` in a new buffer with the room `room` says, up to what
+    /// `held` holds (none after a first append: a state that is never extended costs what it
     /// holds).
-    fn grown(held: Option<&Layer>, k: &Tensor, v: &Tensor, room: bool) -> Result<Self> {
+    fn grown(held: Option<&Layer>, k: &Tensor, v: &Tensor, room: Room) -> Result<Self> {
         let old = held.map_or(0, |l| l.len);
         let len = old + k.dim(SEQ_DIM)?;
-        let spare = if room { len.max(2 * old) - len } else { 0 };
+        let double = len.max(2 * old) - len;
+        let spare = match room {
+            Room::Double => double,
+            Room::None => 0,
+            Room::For(n) => n.min(double),
+        };
         let views = held.map(Layer::views).transpose()?;
         let join = |held: Option<&Tensor>, new: &Tensor| {
             let mut parts: Vec<Tensor> = held.into_iter().cloned().collect();
@@ -250,7 +267,7 @@ impl KvState {
     pub fn new(n_layers: usize) -> Self {
         KvState {
             layers: vec![None; n_layers],
-            spare: true,
+            room: Room::Double,
             dtype: None,
         }
     }
@@ -266,7 +283,15 @@ impl KvState {
     /// and dropped (a coalition after a long cached prefix) then copies the prefix once, not
     /// into a buffer of twice its size.
     pub fn without_spare(mut self) -> Self {
-        self.spare = false;
+        self.room = Room::None;
+        self
+    }
+
+    /// This state, whose appends that copy leave room for at most `n` more positions: a
+    /// generation's state after its prompt, which its reply extends by fewer than `n`, copies
+    /// the prompt once into a buffer of the prompt and the reply, not of twice the prompt.
+    pub fn with_room_for(mut self, n: usize) -> Self {
+        self.room = Room::For(n);
         self
     }
 
@@ -282,6 +307,15 @@ impl KvState {
         self.len() == 0
     }
 
+    /// Positions its buffers have room for (at least [`KvState::len`]; every layer grows alike,
+    /// so the first layer's): what its memory is sized for while it decodes.
+    pub fn capacity(&self) -> usize {
+        match self.layers.first() {
+            Some(Some(layer)) => layer.capacity(),
+            _ => 0,
+        }
+    }
+
     /// Appends `k` and `v` to `layer`, stored as the layer's keys are (for its first, as
     /// [`KvState::stored_as`] says, else as they come), and returns its whole keys and values
     /// (views that never change).
@@ -295,7 +329,7 @@ impl KvState {
                 return held.views();
             }
         }
-        let grown = Layer::grown(slot.as_ref(), k, v, self.spare)?;
+        let grown = Layer::grown(slot.as_ref(), k, v, self.room)?;
         slot.insert(grown).views()
     }
 
@@ -386,7 +420,7 @@ impl KvState {
             .collect::<Result<_>>()?;
         Ok(KvState {
             layers,
-            spare: true,
+            room: Room::Double,
             dtype: self.dtype,
         })
     }
@@ -418,7 +452,7 @@ impl KvState {
             .collect::<Result<_>>()?;
         Ok(KvState {
             layers,
-            spare: true,
+            room: Room::Double,
             dtype: parts.last().map_or(first.dtype, |last| last.dtype),
         })
     }
@@ -505,6 +539,35 @@ mod tests {
 
     fn buffer(state: &KvState) -> &Arc<Buffer> {
         &state.layers[0].as_ref().unwrap().buf
+    }
+
+    /// A generation's state copies its prompt once into room for its reply alone, and the
+    /// reply's positions land there in place; past that room it copies again, and it never
+    /// leaves more room than doubling would.
+    #[test]
+    fn room_for_a_reply_is_what_the_first_copy_leaves() {
+        let capacity = KvState::capacity;
+        let mut prompt = KvState::new(1);
+        step(&mut prompt, 1.0, 100);
+        assert_eq!(capacity(&prompt), 100, "a first append is exact");
+        let mut doubling = prompt.clone();
+        step(&mut doubling, 2.0, 1);
+        assert_eq!(capacity(&doubling), 200);
+        let mut reply = prompt.with_room_for(3);
+        step(&mut reply, 2.0, 1);
+        assert_eq!(capacity(&reply), 104);
+        let before = buffer(&reply).clone();
+        (0..3).for_each(|_| drop(step(&mut reply, 3.0, 1)));
+        assert!(Arc::ptr_eq(&before, buffer(&reply)), "the reply in place");
+        step(&mut reply, 4.0, 1);
+        assert_eq!(capacity(&reply), 108);
+        let mut expected = vec![1.0; 100];
+        expected.extend([2.0, 3.0, 3.0, 3.0, 4.0]);
+        assert_eq!(values(&reply), expected);
+        let mut short = KvState::new(1).with_room_for(1000);
+        step(&mut short, 1.0, 10);
+        step(&mut short, 1.0, 1);
+        assert_eq!(capacity(&short), 20, "capped at doubling");
     }
 
     #[test]

@@ -616,6 +616,42 @@ fn a_packed_decode_row_equals_the_same_row_alone() {
     }
 }
 
+/// A generation's decode state is sized for its prompt and reply: the first decode step copies
+/// the prompt once into room for `max_new_tokens`, not for twice the prompt, and the reply's
+/// positions then land in place.
+#[test]
+fn a_generation_holds_room_for_its_reply_not_twice_its_prompt() {
+    use lmhost_candle::batch::decode_pass;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend(
+        &write_gguf(&dir.path().join("tiny.gguf"), "llama"),
+        json!({}),
+    );
+    let engine = b.engine().unwrap();
+    let snapshot = ConversationSnapshot::from_prompt("x ".repeat(60));
+    let started = engine
+        .start_batch(&[snapshot], None)
+        .unwrap()
+        .pop()
+        .unwrap();
+    let mut steps = Vec::new();
+    let record = engine
+        .finish(started, &greedy(4), &mut |_| true, &mut |token, mut kv| {
+            let logits = decode_pass(&*engine.model, [(&mut kv, token)]).unwrap();
+            let row = logits[0].as_ref().unwrap().flatten_all().unwrap();
+            steps.push((kv.len(), kv.capacity()));
+            Ok((kv, row.to_vec1::<f32>().unwrap()))
+        })
+        .unwrap();
+    let prompt = record.prompt_tokens as usize;
+    assert!(prompt > 40, "{prompt} prompt tokens");
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    for (i, &(len, capacity)) in steps.iter().enumerate() {
+        assert_eq!(len, prompt + i + 1);
+        assert_eq!(capacity, prompt + 1 + 4, "step {i}: {steps:?}");
+    }
+}
+
 /// A generation's prompt picks its first token through the output layer's decode copy, as
 /// every later token's, while scoring the same row stays on the prefill copy: with `auto`
 /// the two rows differ by what Q8_0 explains, with `f32` (one copy) by f32 rounding only
