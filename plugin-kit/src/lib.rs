@@ -12,6 +12,7 @@ pub mod hf;
 pub mod prefix_cache;
 pub mod prompt;
 pub mod sampling;
+pub mod simd;
 pub mod template;
 pub mod text;
 pub mod tokenizer;

@@ -24,7 +24,7 @@ macro_rules! with_avx2 {
         $(#[$doc])*
         pub fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if $crate::simd::Simd::Avx2.allowed() && std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2.
                 return unsafe { $name::avx2($($arg),*) };
             }

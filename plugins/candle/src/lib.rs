@@ -77,6 +77,7 @@ impl Backend for Candle {
     fn new(context: PluginContext) -> Result<Self, PluginError> {
         let options = context.options()?;
         let settings = Settings::parse(&options)?;
+        lmhost_plugin_kit::simd::Simd::cap().map_err(PluginError::config)?;
         let model_id = context.model_id.to_string();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(settings.threads)

@@ -4,6 +4,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use lmhost_candle::kernels::{self, Layout, Path};
+use lmhost_plugin_api::Backend;
 
 /// The types with kernels and the row lengths each is tested at: whole blocks of the type,
 /// several 256-value super-blocks for the K-quants, and Gemma 3 270M's 640 for Q5_0.
@@ -421,4 +422,44 @@ fn interleaved_rows_are_the_stored_values() {
             "{err}"
         );
     }
+}
+
+/// `LMHOST_SIMD` caps the paths a process runs, and an unknown level is refused when a backend
+/// is made: this test's binary, run again under each cap, reports what it found.
+#[test]
+fn the_simd_cap_leaves_wider_paths_out() {
+    if std::env::var_os("LMHOST_SIMD_REPORT").is_some() {
+        let made = lmhost_candle::Candle::new(lmhost_plugin_api::PluginContext::new("candle", "m"));
+        println!("paths {:?} best {:?}", Path::available(), Path::best());
+        println!("backend {:?}", made.err().map(|e| e.message.to_string()));
+        return;
+    }
+    let report = |cap: &str| {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "the_simd_cap_leaves_wider_paths_out",
+                "--nocapture",
+            ])
+            .env("LMHOST_SIMD", cap)
+            .env("LMHOST_SIMD_REPORT", "1")
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let scalar = report("scalar");
+    assert!(scalar.contains("paths [Scalar] best Scalar"), "{scalar}");
+    let avx2 = report("avx2");
+    assert!(!avx2.contains("Avx512"), "{avx2}");
+    assert!(avx2.contains("backend None"), "{avx2}");
+    let unknown = report("sse4");
+    assert!(
+        unknown.contains("LMHOST_SIMD=\\\"sse4\\\" is not a SIMD level"),
+        "{unknown}"
+    );
 }

@@ -9,16 +9,20 @@
 
 use std::arch::x86_64::*;
 
+use lmhost_plugin_kit::simd::Simd;
+
 use super::kquants::BlockQ5_0;
 use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, Tile, BLOCK, ROWS};
 
-/// Proof that this CPU has AVX2, FMA and F16C: only [`Avx2::detect`] makes one.
+/// Proof that this CPU has AVX2, FMA and F16C (and `LMHOST_SIMD` allows them): only
+/// [`Avx2::detect`] makes one.
 #[derive(Clone, Copy)]
 pub(super) struct Avx2(());
 
 impl Avx2 {
     pub(super) fn detect() -> Option<Avx2> {
-        let ok = is_x86_feature_detected!("avx2")
+        let ok = Simd::Avx2.allowed()
+            && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
         ok.then_some(Avx2(()))

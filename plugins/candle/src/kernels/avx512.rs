@@ -7,18 +7,21 @@
 
 use std::arch::x86_64::*;
 
+use lmhost_plugin_kit::simd::Simd;
+
 use super::avx2::{prefetch, Avx2, Kind, Nibbles};
 use super::{BlockQ8, BlockQ8_0, Tile, GROUP, ROWS, WROWS};
 
-/// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C: only
-/// [`Avx512::detect`] makes one.
+/// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C (and `LMHOST_SIMD`
+/// allows them): only [`Avx512::detect`] makes one.
 #[derive(Clone, Copy)]
 pub(super) struct Avx512(Avx2);
 
 impl Avx512 {
     pub(super) fn detect() -> Option<Avx512> {
         let avx2 = Avx2::detect()?;
-        let ok = is_x86_feature_detected!("avx512f")
+        let ok = Simd::Avx512.allowed()
+            && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vnni");
         ok.then_some(Avx512(avx2))
