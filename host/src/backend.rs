@@ -186,6 +186,11 @@ impl Backend {
         Ok(record)
     }
 
+    /// Loads now what the backend would load on first use; a server calls it before it listens.
+    pub fn load(&self) -> Result<()> {
+        self.inner.load().into_result().map_err(|e| self.wrap(e))
+    }
+
     /// The text of `ids`, special tokens included.
     pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
         self.inner

@@ -92,20 +92,14 @@ fn a_missing_conversation_file_is_named() {
     );
 }
 
-/// `serve` loads the model before it listens: a model file that is not there stops it with
-/// the path named and a non-zero exit, instead of a server that answers every request 503.
-#[test]
-fn serve_exits_naming_a_model_that_cannot_load() {
+/// Runs `lmhost serve` on `config`, which must stop it before it listens; its stderr.
+fn serve_refusing(config: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("missing.toml");
-    std::fs::write(
-        &config,
-        "[backend]\nkind = \"candle\"\nmodel_id = \"/nowhere/model.gguf\"\n",
-    )
-    .unwrap();
+    let path = dir.path().join("serve.toml");
+    std::fs::write(&path, config).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_lmhost"))
         .args(["serve", "--port", "0", "--config"])
-        .arg(&config)
+        .arg(&path)
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -120,9 +114,27 @@ fn serve_exits_naming_a_model_that_cannot_load() {
     }
     let output = child.wait_with_output().unwrap();
     assert!(!output.status.success());
-    let text = stderr(&output);
+    stderr(&output)
+}
+
+/// `serve` loads the model before it listens: a model file that is not there, or one whose
+/// tokenizer reads but whose architecture does not load (tokenizing alone would not find out),
+/// stops it with the reason and a non-zero exit, instead of a server that answers every
+/// request 503.
+#[test]
+fn serve_exits_naming_a_model_that_cannot_load() {
+    let text = serve_refusing("[backend]\nkind = \"candle\"\nmodel_id = \"/nowhere/model.gguf\"\n");
     assert!(
         text.contains("/nowhere/model.gguf") && !text.contains("lmhost serve: `"),
         "{text}"
     );
+    let vocab = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/llama.cpp/ggml-vocab-gpt-2.gguf")
+        .canonicalize()
+        .expect("scripts/fetch-test-data installs llama.cpp's vocabularies");
+    let text = serve_refusing(&format!(
+        "[backend]\nkind = \"candle\"\nmodel_id = {:?}\n",
+        vocab.display().to_string()
+    ));
+    assert!(text.contains("unknown architecture \"gpt2\""), "{text}");
 }

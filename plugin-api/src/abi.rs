@@ -156,6 +156,14 @@ pub trait GenerationBackend: Send + Sync {
             "this backend cannot hide text from a reply's attention (score_hidden)",
         ))
     }
+
+    /// Loads now what the backend would load on first use (weights, a session), so that a
+    /// server fails before it listens rather than on its first request. Calls that need less
+    /// (tokenizing) may never load it. The default, and what a plugin built before this
+    /// method gets, does nothing.
+    fn load(&self) -> RResult<(), PluginError> {
+        RResult::ROk(())
+    }
 }
 
 /// The owned, type-erased backend the host holds.

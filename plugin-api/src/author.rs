@@ -144,6 +144,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
             Self::NAME
         )))
     }
+
+    /// Loads now what the backend loads on first use (see [`GenerationBackend::load`]); the
+    /// default does nothing.
+    fn load(&self) -> Result<(), PluginError> {
+        Ok(())
+    }
 }
 
 /// Runs `f`, turning a panic into an `Internal` error carrying the panic message.
@@ -273,6 +279,10 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
             let texts: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
             self.0.embed(&texts).map(RVec::from)
         })
+    }
+
+    fn load(&self) -> RResult<(), PluginError> {
+        guard(B::NAME, || self.0.load())
     }
 
     fn generate_batch(

@@ -8,25 +8,17 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::template::ChatTemplate;
+use crate::text::ModelText;
 use crate::tokenizer::TextTokenizer;
 
-/// What a directory's text files say: how to tokenize, how to render a chat, when to stop.
-pub struct HfText {
-    pub tokenizer: TextTokenizer,
-    pub chat_template: Option<ChatTemplate>,
-    /// config.json's `eos_token_id` (a number or a list), else the tokenizer config's
-    /// `eos_token`.
-    pub eos_ids: Vec<u32>,
-}
-
-impl HfText {
+impl ModelText {
     /// Reads `tokenizer` and, when there is one, `tokenizer_config`; `config` is the model's
     /// parsed config.json. Errors name the file.
-    pub fn read(
+    pub fn from_hf(
         tokenizer: &Path,
         tokenizer_config: Option<&Path>,
         config: &Value,
-    ) -> Result<HfText, String> {
+    ) -> Result<ModelText, String> {
         let hf =
             Tokenizer::from_file(tokenizer).map_err(|e| format!("{}: {e}", tokenizer.display()))?;
         let tok_config: Value = match tokenizer_config {
@@ -47,7 +39,7 @@ impl HfText {
             ),
             _ => None,
         };
-        Ok(HfText {
+        Ok(ModelText {
             tokenizer: TextTokenizer::from_hf(hf, bos, eos_ids.first().copied()),
             chat_template,
             eos_ids,

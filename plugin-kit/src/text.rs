@@ -9,10 +9,50 @@ use lmhost_plugin_api::{
     TokenDelta, TokenizeRecord,
 };
 
+use crate::gguf::Metadata;
 use crate::prompt::PromptFormat;
 use crate::sampling::{log_softmax_at, Rng, Sampler};
 use crate::template::ChatTemplate;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
+
+/// What prompting a model needs, read without its weights: how to tokenize, how to render a
+/// chat, when to stop. From a GGUF's metadata ([`ModelText::from_gguf`]) or a Hugging Face
+/// directory's text files ([`ModelText::from_hf`]).
+pub struct ModelText {
+    pub tokenizer: TextTokenizer,
+    /// The model's own chat template (with its BOS and EOS strings), if it ships one.
+    pub chat_template: Option<ChatTemplate>,
+    /// Ids that end generation.
+    pub eos_ids: Vec<u32>,
+}
+
+impl ModelText {
+    /// A GGUF's tokenizer (`tokenizer.ggml.*`), its `tokenizer.chat_template` and its
+    /// end-of-generation ids; any architecture, vocabulary-only files included. Errors name
+    /// what was wrong.
+    pub fn from_gguf(meta: &Metadata) -> Result<ModelText, String> {
+        const KEY: &str = "tokenizer.chat_template";
+        let tokenizer = TextTokenizer::from_gguf(meta).map_err(|e| e.to_string())?;
+        let chat_template = match meta.str(KEY) {
+            None => None,
+            Some(source) => {
+                let text =
+                    |id: Option<u32>| id.and_then(|i| tokenizer.token(i)).map(str::to_string);
+                let template = ChatTemplate::new(source, format!("GGUF metadata `{KEY}`"))
+                    .map_err(|e| e.to_string())?;
+                Some(
+                    template
+                        .with_special_tokens(text(tokenizer.bos_id()), text(tokenizer.eos_id())),
+                )
+            }
+        };
+        Ok(ModelText {
+            eos_ids: tokenizer.eog_ids().to_vec(),
+            tokenizer,
+            chat_template,
+        })
+    }
+}
 
 /// Tokenizer, prompt format, end-of-sequence ids and context length of one model.
 pub struct TextFrontEnd {
@@ -96,15 +136,18 @@ fn tokenizer_error(e: impl std::fmt::Display) -> PluginError {
 
 impl TextFrontEnd {
     /// `template_option` is the backend's `chat_template` option (a file, or `"plain"`), which
-    /// overrides the model's own `template`. `max_context` 0 means the model's `model_max`.
+    /// overrides the model's own template. `max_context` 0 means the model's `model_max`.
     pub fn new(
-        tokenizer: TextTokenizer,
-        template: Option<ChatTemplate>,
+        text: ModelText,
         template_option: Option<&str>,
-        eos_ids: Vec<u32>,
         (max_context, model_max): (usize, usize),
         model_id: &str,
     ) -> Result<Self, PluginError> {
+        let ModelText {
+            tokenizer,
+            chat_template,
+            eos_ids,
+        } = text;
         let max_context = if max_context == 0 {
             model_max
         } else {
@@ -112,7 +155,7 @@ impl TextFrontEnd {
         };
         Ok(TextFrontEnd {
             tokenizer,
-            format: PromptFormat::choose(template_option, template)?,
+            format: PromptFormat::choose(template_option, chat_template)?,
             eos_ids,
             max_context,
             model_id: model_id.to_string(),

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lmhost::serve::{self, Limits, ServeOptions, StopFlag};
-use lmhost::{Backend, Config, ConversationSnapshot, Error, Host, Result};
-use lmhost_plugin_api::ErrorKind;
+use lmhost::{Config, Error, Host, Result};
 
 use super::ConfigArg;
 
@@ -75,7 +74,10 @@ pub fn run(args: &Args) -> Result<()> {
         None => None,
     };
     let backend = Arc::new(Host::new().open(&config)?);
-    load_now(&backend)?;
+    // A model that cannot load (a wrong path, a corrupt file, an unreachable hub) stops `serve`
+    // here with the backend's error, rather than answering every request 503; and the first
+    // request does not wait for the load.
+    backend.load()?;
     let model_name = args
         .model_name
         .clone()
@@ -124,23 +126,4 @@ pub fn run(args: &Args) -> Result<()> {
             .await
             .map_err(|e| Error::Invalid(format!("server failed: {e}")))
     })
-}
-
-/// Loads the model before the server listens, through one tokenize call: a model that cannot
-/// load (a wrong path, a corrupt file, an unreachable hub) stops `serve` here with the
-/// backend's error, where it would otherwise answer every request `503`, and the first request
-/// no longer waits for the load. A backend that cannot tokenize (a speech model) loads on
-/// first use as before.
-fn load_now(backend: &Backend) -> Result<()> {
-    match backend.tokenize(&ConversationSnapshot::from_prompt(""), false) {
-        Err(e)
-            if matches!(
-                e.plugin_kind(),
-                Some(ErrorKind::BackendUnavailable | ErrorKind::Config)
-            ) =>
-        {
-            Err(e)
-        }
-        _ => Ok(()),
-    }
 }

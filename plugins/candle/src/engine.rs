@@ -136,16 +136,12 @@ impl Engine {
     ) -> Result<Self, PluginError> {
         let Loaded {
             model,
-            tokenizer,
-            chat_template: template,
-            eos_ids,
+            text,
             stored_prompts,
         } = loaded;
         let front = TextFrontEnd::new(
-            tokenizer,
-            template,
+            text,
             chat_template,
-            eos_ids,
             (max_context, model.max_context()),
             model_id,
         )?;

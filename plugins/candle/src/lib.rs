@@ -257,6 +257,13 @@ impl Backend for Candle {
         }
     }
 
+    fn load(&self) -> Result<(), PluginError> {
+        match &self.model {
+            Model::Text(text) => text.engine(&self.pool).map(drop),
+            Model::Speech(speech) => speech.with(|_| Ok(())),
+        }
+    }
+
     fn stats(&self) -> BackendStats {
         let counted = *lock_or_reset(&self.counted, |_| {});
         match &self.model {

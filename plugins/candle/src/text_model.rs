@@ -22,6 +22,7 @@ use crate::models::llama::BuildOptions;
 use crate::options::Settings;
 use crate::{attention, kernels, source, weights};
 use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache};
+use lmhost_plugin_kit::text::TextFrontEnd;
 
 /// Runs `f` on `pool`, outside the decode phase (see [`weights::prefilling`]).
 fn install<T: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> T + Send) -> T {
@@ -33,6 +34,8 @@ pub struct TextModel {
     settings: Settings,
     logger: Logger,
     engine: Mutex<Option<Arc<Engine>>>,
+    /// Tokenizing before the model is loaded reads only its tokenizer and template.
+    text_only: Mutex<Option<Arc<TextFrontEnd>>>,
     cache: SharedCache<KvState>,
     /// The half-precision caching warning was given.
     warned_half: AtomicBool,
@@ -47,6 +50,7 @@ impl TextModel {
             settings,
             logger,
             engine: Mutex::new(None),
+            text_only: Mutex::new(None),
             cache: SharedCache::default(),
             warned_half: AtomicBool::new(false),
             batcher: Batcher::default(),
@@ -180,11 +184,44 @@ impl TextModel {
         pool: &rayon::ThreadPool,
     ) -> Result<TokenizeRecord, PluginError> {
         self.refuse_audio(snapshot)?;
-        self.engine(pool)?.front.tokenize(snapshot, add_special)
+        self.with_front(pool, |front| front.tokenize(snapshot, add_special))
     }
 
     pub fn detokenize(&self, ids: &[u32], pool: &rayon::ThreadPool) -> Result<String, PluginError> {
-        self.engine(pool)?.front.detokenize(ids)
+        self.with_front(pool, |front| front.detokenize(ids))
+    }
+
+    /// Runs `f` with the loaded engine's front end, or, before the model is loaded, with one
+    /// built from its tokenizer and template alone (once): tokenizing never loads the weights,
+    /// so it works for any architecture whose tokenizer is supported.
+    fn with_front<T>(
+        &self,
+        pool: &rayon::ThreadPool,
+        f: impl FnOnce(&TextFrontEnd) -> Result<T, PluginError>,
+    ) -> Result<T, PluginError> {
+        let loaded = lock_or_reset(&self.engine, |_| {}).clone();
+        if let Some(engine) = loaded {
+            return f(&engine.front);
+        }
+        let front = {
+            let mut slot = lock_or_reset(&self.text_only, |_| {});
+            match slot.as_ref() {
+                Some(front) => front.clone(),
+                None => {
+                    let s = &self.settings;
+                    let text = install(pool, || source::load_text(&self.model_id, &s.revision))?;
+                    let limits = (s.max_context, usize::MAX);
+                    let front = TextFrontEnd::new(
+                        text,
+                        s.chat_template.as_deref(),
+                        limits,
+                        &self.model_id,
+                    )?;
+                    slot.insert(Arc::new(front)).clone()
+                }
+            }
+        };
+        f(&front)
     }
 
     pub fn embed(

@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 use lmhost_plugin_api::{
     ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord, TokenDelta,
 };
-use lmhost_plugin_kit::hf::HfText;
 use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore, Segment};
-use lmhost_plugin_kit::text::{logprob_of, Scoring, TextFrontEnd};
+use lmhost_plugin_kit::text::{logprob_of, ModelText, Scoring, TextFrontEnd};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Tensor, TensorRef};
 use serde_json::Value;
@@ -117,7 +116,7 @@ impl Engine {
             .map_err(|e| at(format!("{}: {e}", files.config.display())))?;
         let config: Value = serde_json::from_str(&config_text)
             .map_err(|e| at(format!("{}: {e}", files.config.display())))?;
-        let text = HfText::read(&files.tokenizer, files.tokenizer_config.as_deref(), &config)
+        let text = ModelText::from_hf(&files.tokenizer, files.tokenizer_config.as_deref(), &config)
             .map_err(at)?;
         let session = runtime::with_environment(settings.ort_library.as_deref(), |env| {
             settings.session(env, &files.model)
@@ -129,10 +128,8 @@ impl Engine {
             .and_then(Value::as_u64)
             .map_or(usize::MAX, |n| n as usize);
         let front = TextFrontEnd::new(
-            text.tokenizer,
-            text.chat_template,
+            text,
             settings.chat_template.as_deref(),
-            text.eos_ids,
             (settings.max_context, model_max),
             model_id,
         )?;

@@ -138,6 +138,10 @@ impl Backend for Onnx {
         self.engine()?.front.detokenize(ids)
     }
 
+    fn load(&self) -> Result<(), PluginError> {
+        self.engine().map(drop)
+    }
+
     /// Also starts the token counts afresh.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
         *lock_or_reset(&self.counted, |_| {}) = BackendStats::default();

@@ -10,8 +10,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
 
 use lmhost_plugin_kit::gguf::Metadata;
-use lmhost_plugin_kit::template::ChatTemplate;
-use lmhost_plugin_kit::tokenizer::TextTokenizer;
+use lmhost_plugin_kit::text::ModelText;
 
 use super::Loaded;
 use crate::memory::WeightBytes;
@@ -193,6 +192,13 @@ fn config(
     })
 }
 
+/// What prompting the model in a GGUF file needs, read from its metadata alone (the caller
+/// adds the path to an error).
+pub fn text(path: &Path) -> Result<ModelText, String> {
+    let meta = Metadata::read(path).map_err(|e| e.to_string())?;
+    ModelText::from_gguf(&meta)
+}
+
 /// Loads a GGUF file; every error names what was wrong (the caller adds the path).
 pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
@@ -200,9 +206,8 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
     let content =
         Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
     let meta = &content.metadata;
-    let text_meta = Metadata::read(path).map_err(|e| e.to_string())?;
-    let tokenizer = TextTokenizer::from_gguf(&text_meta).map_err(|e| e.to_string())?;
-    let vocab = tokenizer.vocab_size();
+    let text = text(path)?;
+    let vocab = text.tokenizer.vocab_size();
     let has_output = content.tensor_infos.contains_key("output.weight");
     let arch = architecture(meta)?;
     let cfg = if arch == gemma3::ARCHITECTURE {
@@ -215,7 +220,6 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
             .any(|name| content.tensor_infos.contains_key(*name));
         Config::Llama(cfg)
     };
-    let chat_template = chat_template(&text_meta, &tokenizer)?;
     let bytes = weight_bytes(&content);
     build.format = crate::memory::fit(&build, &bytes)?;
     let stored_prompts =
@@ -232,9 +236,7 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
     };
     Ok(Loaded {
         model,
-        chat_template,
-        eos_ids: tokenizer.eog_ids().to_vec(),
-        tokenizer,
+        text,
         stored_prompts,
     })
 }
@@ -326,21 +328,6 @@ fn weight_bytes(content: &Content) -> WeightBytes {
         bytes.add(info.ggml_dtype, info.shape.elem_count());
     }
     bytes
-}
-
-/// `tokenizer.chat_template`, compiled, with the BOS and EOS strings it may print.
-fn chat_template(
-    meta: &Metadata,
-    tokenizer: &TextTokenizer,
-) -> Result<Option<ChatTemplate>, String> {
-    const KEY: &str = "tokenizer.chat_template";
-    let Some(source) = meta.str(KEY) else {
-        return Ok(None);
-    };
-    let text = |id: Option<u32>| id.and_then(|i| tokenizer.token(i)).map(str::to_string);
-    ChatTemplate::new(source, format!("GGUF metadata `{KEY}`"))
-        .map(|t| Some(t.with_special_tokens(text(tokenizer.bos_id()), text(tokenizer.eos_id()))))
-        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device};
-use lmhost_plugin_kit::hf::HfText;
+use lmhost_plugin_kit::text::ModelText;
 use serde_json::Value;
 
 use super::Loaded;
@@ -74,6 +74,34 @@ impl Files {
             weights,
         })
     }
+}
+
+/// What prompting a checkpoint needs: `tokenizer.json` (required), and `tokenizer_config.json`
+/// and `config.json` where they are (the template, the end-of-sequence ids).
+pub fn text_of(
+    tokenizer: &Path,
+    tokenizer_config: Option<&Path>,
+    config: Option<&Path>,
+) -> Result<ModelText, String> {
+    let config: Value = match config {
+        Some(path) => {
+            serde_json::from_str(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => Value::Null,
+    };
+    ModelText::from_hf(tokenizer, tokenizer_config, &config)
+}
+
+/// [`text_of`] a checkpoint directory, whatever its architecture and whether or not it has
+/// weights.
+pub fn text_in_dir(dir: &Path) -> Result<ModelText, String> {
+    let file = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
+    let tokenizer = file("tokenizer.json").ok_or("no tokenizer.json in the directory")?;
+    text_of(
+        &tokenizer,
+        file("tokenizer_config.json").as_deref(),
+        file("config.json").as_deref(),
+    )
 }
 
 fn read(path: &Path) -> Result<String, String> {
@@ -288,7 +316,7 @@ pub fn load(
             text_architectures().join(", ")
         )));
     };
-    let text = HfText::read(
+    let text = ModelText::from_hf(
         &files.tokenizer,
         files.tokenizer_config.as_deref(),
         &config_json,
@@ -307,9 +335,7 @@ pub fn load(
     };
     Ok(Loaded {
         model,
-        tokenizer: text.tokenizer,
-        chat_template: text.chat_template,
-        eos_ids: text.eos_ids,
+        text,
         stored_prompts,
     })
 }
