@@ -4,7 +4,7 @@
 //! fed the same token ids, and for SmolLM2 the onnx backend on its ONNX export (`onnx_speed`,
 //! when `scripts/setup-onnx` has run and the example is built beside this one) in f32.
 //! Our prefill runs as a generation's prompt does (`Engine::prompting`: `auto` through the
-//! stored blocks where the CPU has AVX-512 VNNI; the `f32` row is what scoring runs). Every
+//! stored blocks where the kernels have AVX2 or AVX-512; the `f32` row is what scoring runs). Every
 //! row is measured once (after an untimed warm-up), all rows of a table in the same minutes,
 //! so a busy machine slows them alike. Prints figures; asserts nothing.
 //! candle-transformers 0.11.1's `quantized_gemma3` fails any multi-token pass after position 0

@@ -19,11 +19,10 @@
 //! Prompts that arrive together are run together too ([`Prompts`]): where prompts run f32
 //! GEMM, a short prompt's pass reads every prefill weight (540 MB on SmolLM2) for a few rows,
 //! so eight prompts in one packed pass cost little more than one, where one after another
-//! they would stall decoding eight times as long. Through the stored blocks (AVX-512 VNNI) a
-//! pass costs about its rows instead (`serve` on SmolLM2: a chat prompt alone 16-21 ms, seven
-//! together 207 ms), and grouping spares only the weight reads; groups of at most two cut time
-//! to first token at 8 clients by about a third (p50 55-67 against 72-101 ms) but raised its
-//! p99 (334-355 against 267-339 ms), so the groups stay whole.
+//! they would stall decoding eight times as long. Through the stored blocks (where the kernels
+//! have AVX2 or AVX-512) a pass costs about its rows instead, and grouping spares only the
+//! weight reads; groups of at most two cut the median time to first token at 8 clients but
+//! raised its tail, so the groups stay whole.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};

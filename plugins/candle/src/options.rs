@@ -70,7 +70,7 @@ pub fn specs() -> Vec<OptionSpec> {
             "auto",
             "Linear-layer format: auto (quantized GGUF on CPU: the first that fits \
              `memory_budget` of f32 scoring with generation from the stored blocks (its \
-             prompts too where the CPU has AVX-512 VNNI), as_stored, compact; as stored \
+             prompts too where the kernels have AVX2 or AVX-512), as_stored, compact; as stored \
              elsewhere), as_stored \
              (candle's kernels; on CPU they add a repacked copy of Q4_0/Q4_K/Q5_K/Q6_K/Q8_0 \
              matrices for fast prefill), compact (as stored, no repacked copy: decode as fast, \

@@ -162,18 +162,23 @@ pub fn generating_share<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Whether a generation's prompt runs through the decode copies, for a checkpoint with
-/// quantized matrices (`quantized`) or without: where layers have them, on a CPU whose kernels
-/// have AVX-512 VNNI, there faster than f32 GEMM at every prompt length measured (SmolLM2 Q4_1,
-/// 2 threads: 1.5-1.6x at chunks of 32 rows, 1.1-1.2x at 128). AVX2's kernels take 0.8-0.9x
-/// f32 GEMM's speed at 128 rows, so there prompts stay dense. Such a prompt's states differ
-/// from a scoring pass's, so the engine caches them apart.
+/// quantized matrices (`quantized`) or without: wherever layers have them and our kernels run
+/// SIMD, AVX2 or AVX-512 alike, so that a config's replies take the same arithmetic on every
+/// x86 CPU (activations quantized to the same blocks bit for bit, only f32 sums in another
+/// order), never 8-bit activations on one CPU and f32 on another. Summation order alone can
+/// still part near ties later in a reply. With VNNI that is also the faster path; with AVX2
+/// alone a long prompt
+/// runs a little slower than f32 GEMM, once per generation. The scalar kernels are no match
+/// for GEMM on a prompt's rows, so there (other architectures, `LMHOST_SIMD=scalar`) prompts
+/// stay dense. Such a prompt's states differ from a scoring pass's, so the engine caches them
+/// apart.
 pub fn stored_prompts(
     format: WeightFormat,
     quantized: bool,
     dtype: DType,
     device: &Device,
 ) -> bool {
-    format.decode_copy(quantized, dtype, device) && device.is_cpu() && Path::best() == Path::Avx512
+    format.decode_copy(quantized, dtype, device) && device.is_cpu() && Path::best() != Path::Scalar
 }
 
 /// Runs `f` (on a pool worker, outside a decode pass) with a job on each other worker that
