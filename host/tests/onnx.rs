@@ -10,6 +10,8 @@ use lmhost::{Backend, Host};
 use lmhost_plugin_api::{ConversationSnapshot, GenerationConfig};
 use serde_json::Value;
 
+mod common;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -59,7 +61,10 @@ fn open(config: &Path) -> Backend {
 }
 
 /// The same prompt ids (the export's tokenizer.json and template against the GGUF's own), the
-/// same greedy reply, and teacher-forced logprobs within 1e-3 at every position of a long reply.
+/// same greedy reply up to a tie, and teacher-forced logprobs within 1e-3 at every position of a
+/// long reply. Both run f32, ONNX Runtime's MLAS and candle's GEMM each picking kernels for the
+/// CPU at hand: their logprobs differ by summation order (4e-5 measured on AVX-512), so where
+/// two tokens tie within that, which one greedy picks is the CPU's rounding, not an error.
 #[test]
 fn onnx_and_candle_agree_on_tokens_and_logprobs() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,7 +86,32 @@ fn onnx_and_candle_agree_on_tokens_and_logprobs() {
     };
     let a = onnx.generate(&prompts[0], &greedy).unwrap();
     let b = candle.generate(&prompts[0], &greedy).unwrap();
-    assert_eq!(a.token_ids, b.token_ids, "{:?} / {:?}", a.text, b.text);
+    if let Some(i) = a
+        .token_ids
+        .iter()
+        .zip(b.token_ids.iter())
+        .position(|(x, y)| x != y)
+    {
+        // Where the replies part, candle must rate onnx's token as it rates its own, within the
+        // engines' difference: a tie that rounding broke.
+        let forced = candle.score(&prompts[0], &a.text).unwrap();
+        assert_eq!(forced.token_ids[..=i], a.token_ids[..=i]);
+        let gap = b.logprobs[i] - forced.logprobs[i];
+        assert!(
+            gap.abs() <= 2e-3,
+            "the greedy replies part at token {i} by {gap} nats, more than a tie: {:?} / {:?}",
+            a.text,
+            b.text
+        );
+    } else {
+        assert_eq!(
+            a.token_ids.len(),
+            b.token_ids.len(),
+            "{:?} / {:?}",
+            a.text,
+            b.text
+        );
+    }
     let reply = "Paris is the capital and largest city of France. It sits on the Seine, and \
                  about two million people live there; the wider region holds twelve million.";
     let (x, y) = (
@@ -103,11 +133,12 @@ fn onnx_and_candle_agree_on_tokens_and_logprobs() {
     assert!(diff < 1e-3, "{diff}");
 }
 
-fn explain(config: &Path, out: &Path) -> Value {
+fn explain(config: &Path, reply: Option<&str>, out: &Path) -> Value {
     let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
         .current_dir(repo())
         .args(["-q", "explain", "--config"])
         .arg(config)
+        .args(reply.map(|r| format!("--reply={r}")))
         .args([
             "--conversation",
             "examples/conversation.json",
@@ -135,24 +166,22 @@ fn values(result: &Value) -> Vec<f64> {
 }
 
 /// `lmhost explain` (exact Shapley over the example's five user messages, 32 coalitions, the
-/// prefix cache on) gives the same answer, ranking and values within 1e-2 on both backends.
+/// prefix cache on) gives values within 1e-2 on both backends, and the same order of every pair
+/// further apart than that, explaining the same answer: the one candle generated (whether the
+/// two generate the same reply is the test above).
 #[test]
 fn explain_agrees_on_both_backends() {
     let dir = tempfile::tempdir().unwrap();
     let (onnx, candle) = configs(dir.path());
-    let a = explain(&onnx, &dir.path().join("onnx.json"));
-    let b = explain(&candle, &dir.path().join("candle.json"));
+    let b = explain(&candle, None, &dir.path().join("candle.json"));
+    let reply = b["reply"].as_str().unwrap();
+    let a = explain(&onnx, Some(reply), &dir.path().join("onnx.json"));
     assert_eq!(a["reply"], b["reply"]);
     let (va, vb) = (values(&a), values(&b));
-    let rank = |v: &[f64]| {
-        let mut order: Vec<usize> = (0..v.len()).collect();
-        order.sort_by(|&i, &j| v[j].total_cmp(&v[i]));
-        order
-    };
-    assert_eq!(rank(&va), rank(&vb), "{va:?} / {vb:?}");
     for (x, y) in va.iter().zip(&vb) {
         assert!((x - y).abs() < 1e-2, "{va:?} / {vb:?}");
     }
+    common::assert_same_order(&va, &vb, 1e-2);
     assert!(
         a["tokens"]["prompt_tokens_reused"].as_u64().unwrap() > 0,
         "{}",

@@ -232,16 +232,12 @@ fn values(result: &Value) -> Vec<f64> {
         .collect()
 }
 
-/// Player indices from the largest value to the smallest.
-fn ranking(values: &[f64]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..values.len()).collect();
-    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
-    order
-}
-
 /// Exact Shapley through the engine agrees with the candle backend on the same Q4_1 weights
-/// (`weights = "as_stored"`): the same ranking, values within 0.75 nats (measured: 0.28, on a
-/// spread of 27 nats; the two quantized matmul paths round differently).
+/// (`weights = "as_stored"`): values within 0.75 nats (measured: 0.28, on a spread of 27 nats;
+/// the two quantized matmul paths round differently) and the same order of every pair of
+/// players further apart than that. The engine's build is portable (no native flags) and
+/// candle's quantized kernels pick their instructions by CPU, which moves single roundings
+/// of 8-bit activations, not the spread: the bound holds with 2.7x to spare.
 #[test]
 fn explain_through_the_engine_agrees_with_candle_on_the_same_weights() {
     let dir = tempfile::tempdir().unwrap();
@@ -269,10 +265,10 @@ fn explain_through_the_engine_agrees_with_candle_on_the_same_weights() {
     let a = explain(&remote, &conversation, reply, &dir.path().join("a.json"));
     let b = explain(&local, &conversation, reply, &dir.path().join("b.json"));
     let (va, vb) = (values(&a), values(&b));
-    assert_eq!(ranking(&va), ranking(&vb), "{va:?} / {vb:?}");
     for (x, y) in va.iter().zip(&vb) {
         assert!((x - y).abs() < 0.75, "{va:?} / {vb:?}");
     }
+    common::assert_same_order(&va, &vb, 0.75);
     for key in ["v_all", "v_none"] {
         let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
         assert!((x - y).abs() < 0.75, "{key}: {x} / {y}");

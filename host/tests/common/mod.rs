@@ -293,3 +293,22 @@ pub fn chat_answer(text: &str) -> String {
     })
     .to_string()
 }
+
+/// Two explanations' values order every pair of players alike wherever the pair's gap exceeds
+/// `tolerance`, the difference the two computations make by design: a closer pair is a tie that
+/// rounding decides, differently on other CPUs.
+pub fn assert_same_order(a: &[f64], b: &[f64], tolerance: f64) {
+    assert_eq!(a.len(), b.len());
+    for i in 0..a.len() {
+        for j in i + 1..a.len() {
+            let decided = (a[i] - a[j]).abs() > tolerance || (b[i] - b[j]).abs() > tolerance;
+            if decided {
+                assert_eq!(
+                    a[i] > a[j],
+                    b[i] > b[j],
+                    "players {i} and {j} are ordered apart: {a:?} / {b:?}"
+                );
+            }
+        }
+    }
+}

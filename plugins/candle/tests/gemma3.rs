@@ -11,9 +11,16 @@
 //! product, while the plugin's default `weights = "auto"` dequantizes the weights to f32 on CPU:
 //! that alone moves llama.cpp's logits by 1.68 (its f32 copy against its Q4_K_M file), and ours
 //! differ from its Q4_K_M run by the same 1.68. So the quantized file is held to `Q4_TOL` 2.5 on
-//! the logits, the same greedy token at every position, and the log-probability of a
-//! continuation to 0.5 nats (ours -13.29, as Transformers in f32; llama.cpp on Q4_K_M -13.20, on
-//! f32 -13.29).
+//! the logits, the same greedy token wherever llama.cpp's top-two margin exceeds
+//! `GREEDY_MARGIN` (6 of the 16 positions; margins run down to 0.006, where the winner is
+//! rounding: on an AVX-512 VNNI Zen 4 one of them flipped), and the log-probability of a continuation to
+//! 0.5 nats (ours -13.29, as Transformers in f32; llama.cpp on Q4_K_M -13.20, on f32 -13.29).
+//!
+//! On other CPUs. llama.cpp's build is portable (`scripts/setup-llama-cpp`: AVX2, no native
+//! flags), so its logits are the same on every x86_64 CPU this suite runs on; ours under
+//! `weights = "auto"` and `"f32"` are f32 through candle's GEMM, whose kernels differ by CPU
+//! only in summation order (1e-5 here), far inside these tolerances. The suite runs with
+//! `LMHOST_SIMD=avx2` too, so lmhost's own AVX2 paths are held to the same figures.
 //!
 //! The same tiny weights written as a Hugging Face checkpoint (config.json, safetensors with
 //! norms stored as w = multiplier - 1, tokenizer.json) must give the GGUF's logits within
@@ -30,7 +37,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::{
     backend, family_config, family_metadata, family_tensors, gguf_tensors, head_dim, llama_cpp,
-    max_diff, write_checkpoint, write_gguf_file, LlamaCppInput,
+    max_diff, write_checkpoint, write_gguf_file, Greedy, LlamaCppInput,
 };
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::{json, Value as Json};
@@ -45,6 +52,9 @@ const CHECKPOINT_TOL: f32 = 1e-5;
 const F32_TOL: f32 = 0.05;
 /// Ours (weights dequantized) against llama.cpp (activations quantized) on the Q4_K_M file.
 const Q4_TOL: f32 = 2.5;
+/// llama.cpp's top-two margin above which the greedy token must agree on the Q4_K_M file: twice
+/// the largest difference measured at its top token (0.59; 0.06-0.34 at most positions).
+const GREEDY_MARGIN: f32 = 1.2;
 
 const PROMPT: &str = "The capital of France is";
 const REPLY: &str = " Paris, and the capital of Germany is Berlin.";
@@ -65,10 +75,6 @@ fn real_model() -> Arc<Candle> {
     static M: OnceLock<Arc<Candle>> = OnceLock::new();
     M.get_or_init(|| Arc::new(backend(&real_model_path(), json!({}))))
         .clone()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
 
 #[test]
@@ -97,23 +103,9 @@ fn real_model_logits_match_llama_cpp() {
     let (ids, theirs) = llama_cpp(&real_model_path(), LlamaCppInput::Text(&text));
     let ours = engine.logits_all(&ids).unwrap();
     let diff = max_diff(&ours, &theirs);
-    let agree = ours
-        .iter()
-        .zip(&theirs)
-        .filter(|(a, b)| argmax(a) == argmax(b))
-        .count();
-    eprintln!(
-        "gemma3 270M, {} positions: max |Δlogit| vs llama.cpp {diff:.4}, greedy token agrees at \
-         {agree}",
-        ids.len()
-    );
+    eprintln!("gemma3 270M: max |Δlogit| vs llama.cpp {diff:.4}");
     assert!(diff <= Q4_TOL, "max |Δlogit| {diff}");
-    assert_eq!(
-        agree,
-        ids.len(),
-        "argmax agrees at {agree} of {}",
-        ids.len()
-    );
+    Greedy::of(&ours, &theirs, GREEDY_MARGIN).check("gemma3 270M vs llama.cpp");
     check_reply_logprob(&b, &ids, &theirs, 0.5);
 }
 

@@ -213,10 +213,12 @@ fn the_prefix_cache_reuses_positions_without_changing_logprobs() {
         .map(|p| backend.score(p, reply).unwrap())
         .collect();
     let off = backend.score_batch(&prompts, reply).unwrap();
+    // Padded rows run through onnxruntime's kernels in other shapes, which sum in another
+    // order, by as much as a cached past does (below): the same bound, for the same reason.
     for (a, b) in alone.iter().zip(&off) {
         assert_eq!(a.token_ids, b.token_ids);
         for (x, y) in a.logprobs.iter().zip(b.logprobs.iter()) {
-            assert!((x - y).abs() < 1e-5, "alone {x} vs batched {y}");
+            assert!((x - y).abs() < 1e-4, "alone {x} vs batched {y}");
         }
     }
     backend

@@ -511,6 +511,60 @@ pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The greedy token of two computations of the same logits, compared where their arithmetic
+/// cannot decide it: at each position whose reference top-two margin exceeds `margin`, a
+/// bound the caller states from the differences the two computations make by design at the
+/// top tokens (8-bit activations against f32, f16 against f32). Below it the winner is a near
+/// tie that rounding decides, differently on other CPUs; above it a flip means the logits near
+/// the top moved by more than the design explains.
+pub struct Greedy {
+    pub positions: usize,
+    /// Positions whose reference margin exceeds the bound.
+    pub decisive: usize,
+    /// Decisive positions where both pick the same token.
+    pub agree: usize,
+}
+
+impl Greedy {
+    pub fn of(ours: &[Vec<f32>], theirs: &[Vec<f32>], margin: f32) -> Greedy {
+        assert_eq!(ours.len(), theirs.len());
+        let (mut decisive, mut agree) = (0, 0);
+        for (a, b) in ours.iter().zip(theirs) {
+            let (best, gap) = top_two(b);
+            if gap > margin {
+                decisive += 1;
+                agree += usize::from(top_two(a).0 == best);
+            }
+        }
+        Greedy {
+            positions: ours.len(),
+            decisive,
+            agree,
+        }
+    }
+
+    /// Every decisive position agrees, and there is one to compare.
+    pub fn check(&self, what: &str) {
+        eprintln!(
+            "{what}: greedy token agrees at {} of the {} of {} positions decided by more than \
+             the bound",
+            self.agree, self.decisive, self.positions
+        );
+        assert!(self.decisive > 0, "{what}: no position to compare");
+        assert_eq!(self.agree, self.decisive, "{what}: greedy tokens differ");
+    }
+}
+
+/// The best index of `row` and its margin over the second best.
+fn top_two(row: &[f32]) -> (usize, f32) {
+    let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+    let second = (0..row.len())
+        .filter(|&i| i != best)
+        .map(|i| row[i])
+        .fold(f32::NEG_INFINITY, f32::max);
+    (best, row[best] - second)
+}
+
 /// What llama.cpp evaluates: token ids, or text it tokenizes itself (BOS as the model's metadata
 /// says, special tokens parsed).
 pub enum LlamaCppInput<'a> {
