@@ -1,4 +1,4 @@
-//! The JSON document of `lmhost explain --json FILE`; its fields are documented in the README.
+//! The JSON document of `lmhost explain --json FILE`; its fields are documented in docs/explain.md.
 
 use serde::Serialize;
 
