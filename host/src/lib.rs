@@ -75,7 +75,7 @@ pub mod backend;
 pub mod config;
 pub mod conversation;
 pub mod error;
-pub mod explain;
+pub use lmhost_explain as explain;
 pub mod explain_run;
 pub mod logging;
 pub mod plugins;

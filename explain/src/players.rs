@@ -47,7 +47,7 @@ pub struct Unit {
 
 /// Where a message's players lie in its text: before, between and after them is fixed text.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct MessageLayout {
+pub struct MessageLayout {
     pub lead: Range<usize>,
     pub players: Vec<(usize, Range<usize>)>,
     pub trail: Range<usize>,
@@ -204,7 +204,7 @@ impl Players {
         &self.conversation
     }
 
-    pub(crate) fn layout(&self, turn: usize, message: usize) -> Option<&MessageLayout> {
+    pub fn layout(&self, turn: usize, message: usize) -> Option<&MessageLayout> {
         self.layouts.get(turn)?.get(message)?.as_ref()
     }
 

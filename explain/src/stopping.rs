@@ -132,8 +132,8 @@ fn top_players(e: &Explanation, k: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explain::players::Player;
-    use crate::explain::Attribution;
+    use crate::players::Player;
+    use crate::Attribution;
     use lmhost_plugin_api::Role;
 
     fn explanation(values: &[f64], se: f64) -> Explanation {

@@ -94,8 +94,8 @@ pub fn refine(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explain::players::PlayerSpec;
-    use crate::explain::{Absence, EstimatorSettings, Job, Plan};
+    use crate::players::PlayerSpec;
+    use crate::{Absence, EstimatorSettings, Job, Plan};
     use lmhost_plugin_api::ConversationSnapshot;
 
     fn unit(text: &str, span: std::ops::Range<usize>) -> (String, Unit) {
@@ -179,8 +179,8 @@ mod tests {
             (ids, parents[0].as_str()),
             (vec!["m0.w0", "m0.w1"], "m0.s0")
         );
-        let none = crate::explain::Coalition::empty(2);
-        let rest = crate::explain::render(&words, &none, &Absence::Delete).raw_text();
+        let none = crate::Coalition::empty(2);
+        let rest = crate::render(&words, &none, &Absence::Delete).raw_text();
         assert_eq!(rest.trim(), "Blue fish. Big cat.");
         assert!(refine(&level, &e, 1, Granularity::Sentences).is_none());
     }

@@ -154,7 +154,7 @@ pub fn average_ranks(xs: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explain::{EstimatorKind, EstimatorSettings, Plan};
+    use crate::{EstimatorKind, EstimatorSettings, Plan};
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-12

@@ -3,7 +3,6 @@
 
 use std::fmt;
 
-use lmhost_plugin_api::abi_stable::std_types::RVec;
 use lmhost_plugin_api::{Audio, ConversationSnapshot, Message, Part, Role, Turn};
 
 use super::players::Players;
@@ -100,7 +99,7 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
                 }
                 messages.push(Message {
                     role: message.role,
-                    parts: rebuilt_parts(message, text, present),
+                    parts: rebuilt_parts(message, text, present).into(),
                 });
             } else if !players.message_has_players(t, m) {
                 messages.push(message.clone());
@@ -108,7 +107,7 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
         }
         if !messages.is_empty() {
             turns.push(Turn {
-                messages: RVec::from(messages),
+                messages: messages.into(),
             });
         }
     }
@@ -119,7 +118,7 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
             Role::User
         };
         turns.push(Turn {
-            messages: RVec::from(vec![Message::text(role, "")]),
+            messages: vec![Message::text(role, "")].into(),
         });
     }
     ConversationSnapshot::new(turns).expect("rendered turns are never empty")
@@ -128,7 +127,7 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
 /// A rendered message's parts: its text, then its audio, which stays while any of the message's
 /// players is present and otherwise (only under `Pad`) becomes silence of the same length, the
 /// audio counterpart of a placeholder.
-fn rebuilt_parts(original: &Message, text: String, present: bool) -> RVec<Part> {
+fn rebuilt_parts(original: &Message, text: String, present: bool) -> Vec<Part> {
     let text = (!text.is_empty()).then(|| Part::text(text));
     let audio = original.parts.iter().filter_map(|part| match part {
         Part::Audio { audio } if present => {
@@ -136,7 +135,7 @@ fn rebuilt_parts(original: &Message, text: String, present: bool) -> RVec<Part> 
         }
         Part::Audio { audio } => Some(Part::Audio {
             audio: Audio {
-                samples: RVec::from(vec![0.0; audio.samples.len()]),
+                samples: vec![0.0; audio.samples.len()].into(),
                 sample_rate: audio.sample_rate,
             },
         }),
@@ -209,7 +208,7 @@ fn render_message(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explain::players::{Granularity, PlayerSpec};
+    use crate::players::{Granularity, PlayerSpec};
 
     fn conversation() -> ConversationSnapshot {
         let messages = vec![
@@ -217,7 +216,7 @@ mod tests {
             Message::text(Role::User, "Paris is big. It is old.  Is it?"),
         ];
         ConversationSnapshot::new(vec![Turn {
-            messages: RVec::from(messages),
+            messages: messages.into(),
         }])
         .unwrap()
     }
@@ -290,7 +289,7 @@ mod tests {
     fn absent_audio_is_dropped_or_silenced() {
         let audio = |samples: Vec<f32>| Part::Audio {
             audio: Audio {
-                samples: RVec::from(samples),
+                samples: samples.into(),
                 sample_rate: 4,
             },
         };
@@ -298,11 +297,11 @@ mod tests {
             Message::text(Role::User, "Transcribe this."),
             Message {
                 role: Role::User,
-                parts: RVec::from(vec![audio(vec![0.5, -0.5, 0.25])]),
+                parts: vec![audio(vec![0.5, -0.5, 0.25])].into(),
             },
         ];
         let conversation = ConversationSnapshot::new(vec![Turn {
-            messages: RVec::from(messages),
+            messages: messages.into(),
         }])
         .unwrap();
         let p = Players::split(&conversation, &PlayerSpec::default()).unwrap();

@@ -60,7 +60,7 @@ macro_rules! named_enum {
 
 named_enum! {
     /// What one player is. `auto` starts from messages and refines the strongest (see
-    /// [`crate::explain::hierarchy`]).
+    /// [`crate::hierarchy`]).
     Granularity {
         Messages = "messages",
         Sentences = "sentences",

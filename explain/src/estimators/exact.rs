@@ -1,7 +1,7 @@
 //! Exact Shapley and Banzhaf values from all 2^n coalition values.
 
 use super::{Coalition, Estimates, ExplainError};
-use crate::explain::settings::Estimand;
+use crate::settings::Estimand;
 
 /// Exact enumeration stops here whatever the configured limit: 2^30 values do not fit.
 const HARD_LIMIT: usize = 30;
