@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use lmhost::{ConversationSnapshot, Error, GenerationConfig, GenerationRecord, Host, Origin};
 use lmhost_plugin_api::ErrorKind;
-use lmhost_tests::{config, plugin_dir};
+use lmhost_tests::{config, fixture_dir, plugin_dir};
 
 fn generate(kind: &str, prompt: &str) -> Result<lmhost::GenerationRecord, Error> {
     let backend = Host::new().open(&config(kind, ""))?;
@@ -290,7 +290,21 @@ fn in_process_registration_needs_no_library() {
 
 #[test]
 fn discovery_lists_every_plugin_and_reports_broken_ones() {
+    // Where cargo builds them, the fixtures are not plugins a search finds.
     let (plugins, errors) = Host::new().registry().discover(&[plugin_dir()]);
+    let names: Vec<String> = plugins.iter().map(|(p, _)| p.name()).collect();
+    assert!(names.contains(&"mock".into()), "{names:?}");
+    assert!(!names.contains(&"faulty".into()), "{names:?}");
+    assert!(
+        !errors
+            .iter()
+            .any(|e| matches!(e, Error::IncompatiblePlugin(_))),
+        "{errors:?}"
+    );
+
+    let (plugins, errors) = Host::new()
+        .registry()
+        .discover(&[plugin_dir(), fixture_dir()]);
     let names: Vec<String> = plugins.iter().map(|(p, _)| p.name()).collect();
     assert!(
         names.contains(&"mock".into()) && names.contains(&"faulty".into()),

@@ -1,9 +1,15 @@
 //! Helpers for the integration tests: where the built plugin libraries are, and configs that
 //! point at them.
 
+use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use lmhost::Config;
+
+/// The test fixture plugins, built as `fixture_<name>` libraries so that no search for real
+/// plugins finds them.
+const FIXTURES: [&str; 2] = ["faulty", "incompatible"];
 
 /// The directory cargo put the plugin libraries in: the test binary's own (`target/<profile>/deps`).
 pub fn plugin_dir() -> PathBuf {
@@ -13,11 +19,31 @@ pub fn plugin_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// A config for plugin `kind` with `extra` TOML appended, searching only [`plugin_dir`].
+/// A directory holding the fixture plugins under the names a plugin search looks for
+/// (`liblmhost_faulty.so`), copied from where cargo built them once per test process.
+pub fn fixture_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lmhost-fixtures-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for the fixtures");
+        for name in FIXTURES {
+            let built = plugin_dir().join(format!("{DLL_PREFIX}fixture_{name}{DLL_SUFFIX}"));
+            let as_plugin = dir.join(lmhost::plugins::library_file_name(name));
+            std::fs::copy(&built, &as_plugin)
+                .unwrap_or_else(|e| panic!("{}: {e}", built.display()));
+        }
+        dir
+    })
+    .clone()
+}
+
+/// A config for plugin `kind` with `extra` TOML appended, searching only [`plugin_dir`] and
+/// [`fixture_dir`].
 pub fn config(kind: &str, extra: &str) -> Config {
     let text = format!(
-        "plugin_dirs = [{:?}]\n[backend]\nkind = {kind:?}\nmodel_id = \"test-model\"\n{extra}",
-        plugin_dir()
+        "plugin_dirs = [{:?}, {:?}]\n[backend]\nkind = {kind:?}\nmodel_id = \"test-model\"\n{extra}",
+        plugin_dir(),
+        fixture_dir()
     );
     Config::parse(&text, "test.toml".as_ref()).expect("test config parses")
 }

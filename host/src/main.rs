@@ -2,7 +2,6 @@
 
 mod commands;
 
-use std::error::Error as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -16,11 +15,12 @@ fn main() -> ExitCode {
     match commands::run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err}");
-            let mut source = err.source();
-            while let Some(cause) = source {
+            let mut lines = chain(&err).into_iter();
+            if let Some(first) = lines.next() {
+                eprintln!("error: {first}");
+            }
+            for cause in lines {
                 eprintln!("  caused by: {cause}");
-                source = cause.source();
             }
             if let (true, lmhost::Error::IncompatiblePlugin(refused)) = (cli.verbose > 0, &err) {
                 eprintln!("\nabi_stable layout report:\n{}", refused.report);
@@ -28,6 +28,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The messages of `err` and its causes, each only where the ones before do not already say it
+/// (a backend error carries its plugin error's message).
+fn chain(err: &dyn std::error::Error) -> Vec<String> {
+    let mut lines: Vec<String> = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !lines.iter().any(|line| line.contains(&text)) {
+            lines.push(text);
+        }
+        source = cause.source();
+    }
+    lines
 }
 
 /// Sets, where unset, what candle 0.11's CPU thread pools read from the environment (the

@@ -33,6 +33,35 @@ fn plugins_lists_mock_with_its_options() {
         text.contains("reply_words") && text.contains("Most words per reply."),
         "{text}"
     );
+    // Beside the executable lie only real plugins: the test fixtures are built under other
+    // names, and none is refused as incompatible.
+    let all = format!("{text}{}", stderr(&output));
+    assert!(
+        !all.contains("faulty") && !all.contains("incompatible"),
+        "{all}"
+    );
+}
+
+/// A backend's error names the backend and says its message once, not again as its cause.
+#[test]
+fn a_backend_error_is_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    let options = "[backend.options]\nweights = \"nope\"\n";
+    std::fs::write(
+        &config,
+        format!("[backend]\nkind = \"candle\"\nmodel_id = \"m\"\n{options}"),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let output = lmhost(&["generate", "--prompt", "hi", "--config", &config]);
+    assert!(!output.status.success());
+    let text = stderr(&output);
+    assert_eq!(text.matches("must be one of").count(), 1, "{text}");
+    assert!(
+        text.starts_with("error: backend `candle`: config error"),
+        "{text}"
+    );
 }
 
 #[test]
