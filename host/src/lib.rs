@@ -78,10 +78,9 @@ pub mod error;
 pub use lmhost_explain as explain;
 pub mod explain_run;
 pub mod logging;
+pub mod outcome;
 pub mod plugins;
-pub mod reanalyze;
 pub mod report;
-pub mod run_store;
 pub mod serve;
 
 use std::path::PathBuf;
@@ -89,11 +88,12 @@ use std::path::PathBuf;
 pub use backend::Backend;
 pub use config::Config;
 pub use error::{Error, Result};
-pub use explain_run::{Cancel, Outcome, Progress, RunOptions};
+pub use explain_run::{Cancel, Progress, RunOptions};
 pub use lmhost_plugin_api::{
     root_module, ConversationSnapshot, GenerationConfig, GenerationRecord, Message, PluginContext,
     PluginModRef, Role, ScoreRecord,
 };
+pub use outcome::Outcome;
 pub use plugins::{Origin, Plugin, Registry};
 
 /// Finds plugins and opens backends from configs.

@@ -83,7 +83,7 @@ fn with_audio(seconds: usize, seed: f32) -> lmhost::ConversationSnapshot {
 fn a_minute_of_audio_gives_a_small_schedule_key_and_a_small_stored_row() {
     use lmhost::explain::schedule::content_key;
     use lmhost::explain::Evaluation;
-    use lmhost::run_store::{prompt_key, RunStore};
+    use lmhost::explain_run::store::{prompt_key, RunStore};
 
     let minute = with_audio(60, 0.0);
     let other = with_audio(60, 0.25);

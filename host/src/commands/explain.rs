@@ -4,9 +4,10 @@ use std::path::{Path, PathBuf};
 
 use lmhost::config::ExplanationConfig;
 use lmhost::explain::{AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
+use lmhost::explain_run::reanalyze;
 use lmhost::explain_run::{self, RunOptions};
 use lmhost::report::{html, json, table};
-use lmhost::{conversation, reanalyze, Config, Error, Host, Result};
+use lmhost::{conversation, Config, Error, Host, Result};
 use lmhost_plugin_api::Role;
 
 use super::ConfigArg;

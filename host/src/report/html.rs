@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use super::{number, one_line};
 use crate::explain::Explanation;
-use crate::explain_run::Outcome;
+use crate::outcome::Outcome;
 
 /// Escapes text for HTML content and attribute values.
 pub fn escape(text: &str) -> String {

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::config::ExplanationConfig;
 use crate::explain::{Attribution, Efficiency, Stopped, Trust};
-use crate::explain_run::{Outcome, Refinement, ReplySource, RunStats};
+use crate::outcome::{width, Outcome, Refinement, ReplySource, RunStats};
 
 #[derive(Debug, Serialize)]
 pub struct Document<'a> {
@@ -170,7 +170,7 @@ pub fn document(outcome: &Outcome) -> Document<'_> {
 /// A level's matrix with the answer tokens its columns stand for.
 fn per_token<'a>(outcome: &'a Outcome, values: Option<&'a [Vec<f64>]>) -> Option<PerToken<'a>> {
     let values = values?;
-    let width = crate::explain_run::width(values).min(outcome.answer_tokens.len());
+    let width = width(values).min(outcome.answer_tokens.len());
     Some(PerToken {
         tokens: &outcome.answer_tokens[..width],
         values,

@@ -4,6 +4,20 @@ pub mod html;
 pub mod json;
 pub mod table;
 
+use crate::outcome::Outcome;
+
+impl Outcome {
+    /// The JSON report `lmhost explain --json FILE` writes.
+    pub fn to_json(&self) -> String {
+        json::render(self)
+    }
+
+    /// The self-contained HTML page `lmhost explain --html FILE` writes.
+    pub fn to_html(&self) -> String {
+        html::render(self)
+    }
+}
+
 /// Shortens `text` to `width` characters on one line, ending in `…` when cut.
 pub(crate) fn one_line(text: &str, width: usize) -> String {
     let flat: String = text

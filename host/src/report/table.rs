@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use super::{fit, number, one_line};
 use crate::explain::{Explanation, Granularity, StopReason, Stopped, Trust, ValueKind};
-use crate::explain_run::Outcome;
+use crate::outcome::Outcome;
 
 /// Total width of a table row.
 pub const WIDTH: usize = 100;

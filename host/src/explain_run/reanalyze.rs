@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use lmhost_plugin_api::ConversationSnapshot;
 
+use super::store::{prompt_key, RunStore};
 use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
 use crate::explain::{BaseAnswer, EstimatorKind, Plan, Players};
@@ -24,7 +25,6 @@ use crate::explain_run::{
     answer_key, explain_levels, positional, run_key, setup_key, Levels, Outcome, ReplySource,
     RunStats,
 };
-use crate::run_store::{prompt_key, RunStore};
 use crate::{plugins, Host};
 
 /// Explains `conversation` as `config.explanation` says, from the values in `run_dir` alone.

@@ -7,17 +7,10 @@
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use lmhost_plugin_api::{
-    BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    KvCacheSettings, ScoreRecord, TextSpan,
-};
-use serde::Serialize;
+use lmhost_plugin_api::{BackendStats, ConversationSnapshot, KvCacheSettings};
 
 use crate::backend::Backend;
 use crate::config::{Config, ExplanationConfig};
@@ -27,95 +20,18 @@ use crate::explain::{
     hierarchy, value, AbsenceKind, BaseAnswer, EstimatorSettings, Evaluation, Explanation,
     Granularity, Job, Model, Need, Plan, Players, Stopped,
 };
-use crate::run_store::{digest, prompt_key, RunStore};
+use crate::outcome::{width, Outcome, Refinement, ReplySource, RunStats};
 
-/// What to run, beyond the config.
-#[derive(Clone, Default)]
-pub struct RunOptions {
-    /// The answer to explain; generated from the whole conversation when absent.
-    pub reply: Option<String>,
-    /// Persist every value here and resume from it.
-    pub run_dir: Option<PathBuf>,
-    /// Draw a progress bar on stderr (only where stderr is a terminal).
-    pub progress: bool,
-    /// Called after every evaluated batch, from the thread running the explanation.
-    pub on_progress: Option<ProgressFn>,
-    /// Checked before every batch; see [`Cancel`].
-    pub cancel: Option<Cancel>,
-}
+mod keys;
+mod models;
+mod options;
+pub mod reanalyze;
+pub mod store;
 
-/// A progress callback: an application's own bar, log line or cancel button.
-pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
-
-/// How far a run is. `planned` grows when a stopping rule starts another round.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Progress {
-    /// Coalitions valued so far (from the backend or the run directory).
-    pub done: usize,
-    /// Coalitions planned so far.
-    pub planned: usize,
-    pub elapsed_s: f64,
-}
-
-/// Stops a running explanation from another thread. The run checks it before each batch and
-/// ends with [`Error::Cancelled`]; every value computed until then is in the run directory, so
-/// running again with the same directory resumes where it stopped.
-#[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
-
-impl Cancel {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// Where the explained answer came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplySource {
-    Generated,
-    Given,
-    RunDir,
-}
-
-/// An explanation with the figures of the run that made it.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    pub explanation: Explanation,
-    pub players: Players,
-    pub reply: String,
-    /// The answer's tokens as text, one per column of `explanation.per_token` (empty without
-    /// it); `#1`, `#2`… where the backend cannot say.
-    pub answer_tokens: Vec<String>,
-    pub reply_source: ReplySource,
-    pub settings: ExplanationConfig,
-    pub plugin: String,
-    pub model_id: String,
-    pub stats: RunStats,
-    /// How the rounds went, for a run with a stopping rule.
-    pub stopped: Option<Stopped>,
-    /// With `players = "auto"`, the levels after the first, in the order they ran.
-    pub refinements: Vec<Refinement>,
-}
-
-/// A level of a hierarchical run: the parts of the players the level before refined, with
-/// the rest of the conversation present (see [`crate::explain::hierarchy`]).
-#[derive(Debug, Clone)]
-pub struct Refinement {
-    /// In player order, the id of the player each one is a part of.
-    pub parents: Vec<String>,
-    pub players: Players,
-    pub explanation: Explanation,
-    pub stopped: Option<Stopped>,
-}
+pub(crate) use keys::{answer_key, run_key, setup_key};
+use models::{BackendModel, HidingModel};
+pub use options::{Cancel, Progress, ProgressFn, RunOptions};
+use store::{prompt_key, RunStore};
 
 /// What a run found: the first level (the only one unless `players = "auto"`) and the levels
 /// refining it.
@@ -124,152 +40,6 @@ pub(crate) struct Levels {
     pub explanation: Explanation,
     pub stopped: Option<Stopped>,
     pub refinements: Vec<Refinement>,
-}
-
-impl Outcome {
-    /// The JSON report `lmhost explain --json FILE` writes.
-    pub fn to_json(&self) -> String {
-        crate::report::json::render(self)
-    }
-
-    /// The self-contained HTML page `lmhost explain --html FILE` writes.
-    pub fn to_html(&self) -> String {
-        crate::report::html::render(self)
-    }
-}
-
-/// Counts and times of one run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct RunStats {
-    /// Prompts evaluated by the backend in this run.
-    pub evaluated: usize,
-    /// Prompts whose values came from the run directory.
-    pub reused_from_run_dir: usize,
-    /// Prompt tokens the backend computed for the evaluated prompts.
-    pub prompt_tokens_computed: u64,
-    /// Prompt tokens it took from its prefix cache instead.
-    pub prompt_tokens_reused: u64,
-    pub kv_cache_enabled: bool,
-    /// The backend's cache counters over the run (base answer included).
-    pub kv_cache_hits: u64,
-    pub kv_cache_misses: u64,
-    pub kv_cache_evictions: u64,
-    pub wall_time_s: f64,
-}
-
-/// A backend seen as the explain module's [`Model`].
-struct BackendModel<'a> {
-    backend: &'a Backend,
-    generation: &'a GenerationConfig,
-}
-
-impl Model for BackendModel<'_> {
-    fn capabilities(&self) -> Capabilities {
-        self.backend.capabilities()
-    }
-
-    fn generate(
-        &self,
-        prompt: &ConversationSnapshot,
-        embeddings: bool,
-    ) -> std::result::Result<GenerationRecord, String> {
-        self.backend
-            .generate(prompt, &self.config(embeddings))
-            .map_err(|e| e.to_string())
-    }
-
-    fn generate_batch(
-        &self,
-        prompts: &[ConversationSnapshot],
-        embeddings: bool,
-    ) -> std::result::Result<Vec<GenerationRecord>, String> {
-        self.backend
-            .generate_batch(prompts, &self.config(embeddings))
-            .map_err(|e| e.to_string())
-    }
-
-    fn score(
-        &self,
-        prompt: &ConversationSnapshot,
-        reply: &str,
-    ) -> std::result::Result<ScoreRecord, String> {
-        self.backend.score(prompt, reply).map_err(|e| e.to_string())
-    }
-
-    fn score_batch(
-        &self,
-        prompts: &[ConversationSnapshot],
-        reply: &str,
-    ) -> std::result::Result<Vec<ScoreRecord>, String> {
-        self.backend
-            .score_batch(prompts, reply)
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// A backend seen as a [`Model`] that scores a coalition's prompt (its `Delete` rendering,
-/// found by key) as the whole conversation with the coalition's absent players hidden from
-/// the last message and the answer (`absence = "hide"`, the backend's `score_hidden`): the
-/// messages before the last are computed once for every coalition of every level.
-struct HidingModel<'a> {
-    backend: &'a Backend,
-    conversation: &'a ConversationSnapshot,
-    spans: Vec<TextSpan>,
-    /// The absent players of each prompt, by prompt key.
-    absent: HashMap<String, Vec<u32>>,
-}
-
-impl Model for HidingModel<'_> {
-    fn capabilities(&self) -> Capabilities {
-        self.backend.capabilities()
-    }
-
-    fn generate(
-        &self,
-        _: &ConversationSnapshot,
-        _: bool,
-    ) -> std::result::Result<GenerationRecord, String> {
-        Err("absence = \"hide\" scores a given answer; it cannot generate".into())
-    }
-
-    fn score(
-        &self,
-        prompt: &ConversationSnapshot,
-        reply: &str,
-    ) -> std::result::Result<ScoreRecord, String> {
-        self.score_batch(std::slice::from_ref(prompt), reply)?
-            .pop()
-            .ok_or_else(|| "score_hidden returned no record".into())
-    }
-
-    fn score_batch(
-        &self,
-        prompts: &[ConversationSnapshot],
-        reply: &str,
-    ) -> std::result::Result<Vec<ScoreRecord>, String> {
-        let hidden = prompts
-            .iter()
-            .map(|p| {
-                self.absent
-                    .get(&prompt_key(p))
-                    .cloned()
-                    .ok_or_else(|| "a prompt that is no coalition of this level".to_string())
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let last = self.conversation.messages().count().saturating_sub(1) as u32;
-        self.backend
-            .score_hidden(self.conversation, reply, (&self.spans, &hidden), last)
-            .map_err(|e| e.to_string())
-    }
-}
-
-impl BackendModel<'_> {
-    /// The run's generation settings, asking for embeddings when `embeddings` is set.
-    fn config(&self, embeddings: bool) -> GenerationConfig {
-        let mut config = self.generation.clone();
-        config.compute_embeddings |= embeddings;
-        config
-    }
 }
 
 /// Explains `backend`'s answer to `conversation` as `config.explanation` says.
@@ -426,11 +196,6 @@ pub(crate) fn explain_levels(
         stopped,
         refinements,
     })
-}
-
-/// Answer tokens in a `[player][token]` matrix.
-pub fn width(matrix: &[Vec<f64>]) -> usize {
-    matrix.first().map_or(0, Vec::len)
 }
 
 /// `width` labels for the answer's tokens: the pieces of `reply` as the backend scores it
@@ -662,62 +427,6 @@ pub(crate) fn job(players: Players, plan: Plan, settings: &ExplanationConfig) ->
         settings.holdout,
         &settings.absence(),
         settings.sort_prompts,
-    )
-}
-
-/// What the base answer depends on: the plugin, the model, its options and generation settings.
-/// The run directory keys answers by it; `reanalyze` rebuilds it without a backend.
-pub(crate) fn setup_key(
-    config: &Config,
-    settings: &ExplanationConfig,
-    plugin: &str,
-) -> serde_json::Value {
-    serde_json::json!({
-        "plugin": plugin,
-        "model_id": config.backend.model_id,
-        "backend_options": crate::config::table_to_json(&config.backend.options),
-        "plugin_options": crate::config::table_to_json(&settings.plugin_options),
-        "generation": config.generation,
-    })
-}
-
-/// What a coalition's value depends on besides its prompt: the setup, the value function and
-/// the answer it measures. The run directory keys values by it.
-pub(crate) fn run_key(
-    setup_key: &serde_json::Value,
-    settings: &ExplanationConfig,
-    base: &BaseAnswer,
-) -> String {
-    let mut key = serde_json::json!({
-        "setup": setup_key,
-        "value": settings.value,
-        "value_mean": settings.value_mean,
-        "answer": base.text,
-        "answer_embedding": base.contextual_embedding,
-    });
-    // Hidden coalitions are keyed by their deleted rendering: the same prompts as `delete`,
-    // other values. (Only then: the keys of other absences' stores stay as they were.)
-    if settings.absence == AbsenceKind::Hide {
-        key["absence"] = serde_json::json!("hide");
-    }
-    digest(key.to_string().as_bytes())
-}
-
-/// What a generated answer depends on: the setup, whether embeddings came with it, and the
-/// conversation. The run directory keys answers by it; `reanalyze` looks them up by it.
-pub(crate) fn answer_key(
-    setup_key: &serde_json::Value,
-    settings: &ExplanationConfig,
-    conversation: &ConversationSnapshot,
-) -> String {
-    digest(
-        serde_json::json!({
-            "setup": setup_key,
-            "embeddings": settings.value == crate::explain::ValueKind::EmbeddingCosine,
-            "conversation": prompt_key(conversation),
-        })
-        .to_string()
-        .as_bytes(),
     )
 }
 
