@@ -435,7 +435,7 @@ impl TextFrontEnd {
 /// the ids of the last step that added text before it (what a decoder needs to place a
 /// leading space or finish a character), and adds what that window's text has past theirs.
 /// A token then costs the same at the thousandth id as at the first, where decoding the whole
-/// reply every token grew with its length (0.1 us a token on SmolLM2: 0.2 ms at 2000 ids).
+/// reply every token grew with its length.
 #[derive(Default)]
 pub struct ReplyText {
     text: String,

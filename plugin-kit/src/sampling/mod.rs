@@ -74,8 +74,8 @@ impl Sampler {
     /// The next token: greedy at temperature 0, else sampled from the warped distribution: the
     /// tokens taken best first (by logit, then id), cut to the `top_k` best and then to the
     /// fewest whose probability reaches `top_p`, and the uniform draw spent along that order.
-    /// Only as much of the order is sorted as the walk reaches (a full sort of SmolLM2's row
-    /// cost 1.7-3.2 ms a token, more than a decode step's arithmetic).
+    /// Only as much of the order is sorted as the walk reaches: a full sort of a vocabulary's
+    /// row cost more than a decode step's arithmetic (`bench_sampling`).
     pub fn pick(&self, logits: &[f32], rng: &mut Rng) -> u32 {
         if self.temperature <= 0.0 || logits.is_empty() {
             return argmax(logits);

@@ -397,10 +397,9 @@ pub fn decode_pass<'a>(
     // A kernel call carries at most `ROWS` activation rows, so a larger pass reads every
     // weight once per `ROWS` rows anyway; as passes of at most `ROWS` rows side by side, each
     // pool thread goes on with its own share where one pass would wait for the pool at every
-    // op (`bench_batch`, 16 rows: one pass 20.4-26.0 ms, two of 8 side by side 18.0-19.5).
-    // The pool no longer idles inside the pass, so a prompt arriving then waits for its end:
-    // `serve` at 32 clients 780-844 against 737-777 tok/s, inter-token p50 32-35 against
-    // 37-40 ms, time to first token p50 39-42 against 15 ms (p99 about the same).
+    // op (`bench_batch` shows the difference at 16 rows). The pool no longer idles inside the
+    // pass, so a prompt arriving then waits for its end: more tokens at 32 clients, a longer
+    // median time to first token.
     let share = seqs.len().div_ceil(seqs.len().div_ceil(ROWS));
     let shares: Vec<Vec<Option<Tensor>>> = weights::generating(|| {
         seqs.par_chunks_mut(share)

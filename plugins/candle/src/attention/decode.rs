@@ -389,11 +389,9 @@ fn dot<E: Elem>(a: &[f32], b: &[E]) -> f32 {
 /// [`attend`] in 256-bit vectors, for head widths that are a multiple of 8. A dot product per
 /// key is a chain of dependent FMAs, so eight keys go at a time (their sums reduced together,
 /// by horizontal adds); the weighted sum keeps up to 64 outputs in registers across all keys.
-/// With four keys and 32 outputs a step (one FMA chain short of the units' capacity, a
-/// horizontal sum per key, two sweeps of a 64-wide head's values), a pass of 8 SmolLM2 rows
-/// at 60-100 positions spent 3.1-3.9 ms in attention, now 2.9-3.1 ms. (The old steps run again
-/// over keys already in cache took 1.15 ms: most of the time is reading keys and values.) The
-/// softmax's exponentials are computed 8 at a time ([`crate::models::glu`]'s, within 2 ulp of
+/// Four keys and 32 outputs a step had left one FMA chain of the units idle, with a
+/// horizontal sum per key and two sweeps of a 64-wide head's values; most of the time left is
+/// reading keys and values from memory. The softmax's exponentials are computed 8 at a time ([`crate::models::glu`]'s, within 2 ulp of
 /// libm's): per call, a decode row's query head had spent more on allocating its scores (now
 /// in [`SCORES`]) and on libm's `expf` over a few dozen keys than on its FMAs.
 #[cfg(target_arch = "x86_64")]

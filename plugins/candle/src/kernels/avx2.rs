@@ -67,8 +67,8 @@ impl Avx2 {
 
     /// `lhs` (whole blocks) as [`BlockQ8`]s, each the same as [`super::Activations::blocks`]
     /// makes it (the same divisions, rounding half away from zero): a block in a few dozen
-    /// instructions where the scalar loop rounds value by value (an 8-row SmolLM2 decode pass
-    /// spent 1.75 of its 24 ms quantizing).
+    /// instructions where the scalar loop rounds value by value, a visible share of a packed
+    /// decode pass.
     pub(super) fn quantize_q8(self, lhs: &[f32], out: &mut [BlockQ8]) {
         // SAFETY: as above.
         unsafe { quantize_q8(lhs, out) }
@@ -90,9 +90,9 @@ impl Avx2 {
     }
 
     /// Q8_0, as [`Avx2::tile_nibbles`]. One activation row (a lone decode step) goes row by
-    /// row through [`dot_q8_0`], with the same result: its whole-block loads ran a 49152 x 576
-    /// output layer (SmolLM2's) in 3.0-3.5 ms where the lane pairs took 5.7-6.3, while several
-    /// rows share each pair.
+    /// row through [`dot_q8_0`], with the same result: its whole-block loads stream a large
+    /// output layer about twice as fast as the lane pairs, which pay off only when several rows
+    /// share each pair.
     pub(super) fn tile_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         if let [x] = xs {
             // As `dot_q8_0` adds them.
@@ -335,9 +335,8 @@ fn q8_0_lanes(w: &[BlockQ8_0], x: &[BlockQ8]) -> [f32; 4] {
 }
 
 /// How far ahead of the block being read the weight kernels ask for the next ones. A decode
-/// step streams every weight from memory once; without the hint, the 30 MB Q8_0 output layer
-/// of SmolLM2 took 3.0-3.4 ms on one activation row, with it 2.0-2.6 (hints 512 bytes ahead
-/// gained half that, 4096 as much as 2048).
+/// step streams every weight from memory once, and the hardware prefetcher alone leaves a
+/// large output layer waiting on memory; shorter distances gained less, longer ones no more.
 const PREFETCH: usize = 2048;
 
 /// Hints the cache to load the bytes [`PREFETCH`] past `block`: a hint, never a read, so an

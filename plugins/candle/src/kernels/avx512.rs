@@ -98,8 +98,8 @@ impl Avx512 {
     }
 
     /// A lone activation row runs row by row on whole blocks through AVX2's arithmetic, which
-    /// streams a large matrix from memory at twice the speed of four rows' 16-byte lanes
-    /// (Gemma 3's 178 MB output layer: 5.8 against 13.5 ms, `bench_kernels`); its lanes are
+    /// streams a large matrix from memory at about twice the speed of four rows' 16-byte lanes
+    /// (`bench_kernels`); its lanes are
     /// summed as [`store`] sums a tile's, so the row alone equals the row in a tile.
     pub(super) fn dot_q8_0(self, w: &[BlockQ8_0], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile) {
         if let [x] = xs {
@@ -324,8 +324,8 @@ fn lane_sums<const N: usize>(acc: &[__m512; N]) -> [[f32; GROUP]; ROWS] {
 
 /// How far ahead of the group block being read the interleaved kernels ask for each of a
 /// block's cache lines, as the stored kernels do ([`super::avx2`]'s `PREFETCH`). Q4_1's had
-/// asked for one line of each block's five, four blocks ahead: every line asked for took an
-/// 8-row SmolLM2 pass from 9.3-9.6 to 8.7-9.2 ms (`bench_batch`, medians of runs in turns).
+/// asked for one line of each block's five, four blocks ahead; asking for every line is
+/// faster (`bench_batch`, runs in turns).
 const AHEAD: usize = 2048;
 
 /// Asks the cache for the `bytes` of a group block [`AHEAD`] past `p`: a hint, never a read,

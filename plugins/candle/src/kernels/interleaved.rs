@@ -3,9 +3,8 @@
 //! by the same four activations and each 32-bit lane ends a block holding its row's whole
 //! integer sum, scaled once. In the stored layout four rows share a register, one per 128-bit
 //! lane, and each lane's four partial sums are scaled apart: four times the float work per
-//! block, which is what bounded a packed pass of eight rows (SmolLM2's Q4_1 1536 × 576
-//! matrix, 2 threads, the two layouts alternating: 85 against 51 µs for 8 rows, 30 against 30
-//! for one).
+//! block, which is what bounded a packed pass of eight rows (`bench_kernels` compares the
+//! layouts; for one row they are alike).
 //!
 //! A group's block `i`: the 16 rows' f16 scales (32 bytes); Q4_1's 16 f16 minimums (32 bytes)
 //! or Q5_0's 16 `qh` words (64 bytes); then the values in 64-byte pieces, piece `c` holding

@@ -29,8 +29,8 @@ pub fn generating_share<R>(f: impl FnOnce() -> R) -> R {
 /// runs the pool's queued jobs, yielding the core between them, until `f` ends. A decode pass
 /// is dozens of short parallel ops a layer (matrices of a few hundred KB, attention) with
 /// microseconds of serial work between them, where rayon's idle workers yield and then sleep,
-/// and waking one can take longer than a small matrix (`bench_batch`: an 8-row SmolLM2 pass
-/// 27.9 against 30.5 ms without). `f` never waits for the pollers, so a long job one of them
+/// and waking one can take longer than a small matrix (`bench_batch` shows it on an 8-row
+/// pass). `f` never waits for the pollers, so a long job one of them
 /// picked up from another caller delays only that worker, as without them.
 fn keep_pool_warm<R>(f: impl FnOnce() -> R) -> R {
     if rayon::current_thread_index().is_none() || GENERATING.get() {
