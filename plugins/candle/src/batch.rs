@@ -33,7 +33,7 @@ use candle_core::Tensor;
 use lmhost_plugin_api::{lock_or_reset, ConversationSnapshot, PluginError};
 use rayon::prelude::*;
 
-use crate::engine::Started;
+use crate::engine::Prefilled;
 use crate::kernels::ROWS;
 use crate::kv::KvState;
 use crate::models::{CausalLm, Seq};
@@ -234,9 +234,9 @@ struct Queued<T> {
 /// The prompts of concurrent generations: whoever finds no prompt pass running takes the first
 /// [`ROWS`] queued prompts and runs them as one packed pass (and leads again while its own has
 /// not run); the others wait for their states. No waiting to gather them: prompts queued while
-/// a pass runs make up the next one. `T` is what a prompt leaves ([`Started`] for the
+/// a pass runs make up the next one. `T` is what a prompt leaves ([`Prefilled`] for the
 /// engine's).
-pub struct Prompts<T = Started> {
+pub struct Prompts<T = Prefilled> {
     queued: Mutex<Queued<T>>,
     changed: Condvar,
 }

@@ -43,7 +43,7 @@ const PASS_TOKENS: usize = 2048;
 pub const MIN_ROWS: usize = 8;
 
 /// A token sequence to run: a prompt, then what follows it (a reply being scored).
-struct Item {
+struct Sequence {
     tokens: Vec<u32>,
     prompt_len: usize,
     /// The reply ids whose logprobs are read (all but the last are in `tokens`); empty when
@@ -60,25 +60,25 @@ struct Hide {
     keys: Vec<Range<usize>>,
 }
 
-/// Where an [`Item`] begins: its state, an earlier item of its group whose first positions it
+/// Where a [`Sequence`] begins: its state, an earlier item of its group whose first positions it
 /// takes, and the position of its first computed token.
-struct Start {
+struct Resume {
     kv: KvState,
     share: Option<(usize, usize)>,
     at: usize,
 }
 
 /// A generation's prompt, run: its state, the positions reused, the last row's logits.
-pub struct Started {
+pub struct Prefilled {
     prompt_len: usize,
     kv: KvState,
     reused: usize,
     row: Vec<f32>,
 }
 
-/// What running an [`Item`] leaves: its state over all its tokens, the prompt positions it
+/// What running a [`Sequence`] leaves: its state over all its tokens, the prompt positions it
 /// reused, and the logits of rows `prompt_len - 1..`.
-struct Ran {
+struct Computed {
     kv: KvState,
     reused: usize,
     logits: Tensor,
@@ -96,25 +96,25 @@ pub struct Engine {
 /// their own (each token id with its top bit set, which no vocabulary reaches), so a score
 /// never starts from a state computed with other weights, and such a prompt starts only from
 /// its own kind's (its result never depends on what ran before it). One budget for both kinds.
-struct Apart<'a>(&'a mut dyn PrefixStore<KvState>);
+struct DecodeCopyStore<'a>(&'a mut dyn PrefixStore<KvState>);
 
-impl Apart<'_> {
+impl DecodeCopyStore<'_> {
     fn keys(tokens: &[u32]) -> Vec<u32> {
         tokens.iter().map(|t| t | 1 << 31).collect()
     }
 }
 
-impl PrefixStore<KvState> for Apart<'_> {
+impl PrefixStore<KvState> for DecodeCopyStore<'_> {
     fn lookup(&mut self, tokens: &[u32], shared: usize) -> Option<(KvState, usize)> {
-        self.0.lookup(&Apart::keys(tokens), shared)
+        self.0.lookup(&DecodeCopyStore::keys(tokens), shared)
     }
 
     fn store(&mut self, tokens: &[u32], state: KvState) {
-        self.0.store(&Apart::keys(tokens), state)
+        self.0.store(&DecodeCopyStore::keys(tokens), state)
     }
 
     fn peek(&self, tokens: &[u32]) -> usize {
-        self.0.peek(&Apart::keys(tokens))
+        self.0.peek(&DecodeCopyStore::keys(tokens))
     }
 }
 
@@ -176,14 +176,14 @@ impl Engine {
     /// one group's states and logits at a time.
     fn run(
         &self,
-        items: &[Item],
+        items: &[Sequence],
         mut store: Option<&mut dyn PrefixStore<KvState>>,
-        mut each: impl FnMut(&Item, Ran) -> Result<(), PluginError>,
+        mut each: impl FnMut(&Sequence, Computed) -> Result<(), PluginError>,
     ) -> Result<(), PluginError> {
         // Rows an item computes, counting the positions hidden keys let it take from the cache
         // (which `score_hidden` filled first).
         let cached = store.is_some();
-        let size = |item: &Item| match &item.hide {
+        let size = |item: &Sequence| match &item.hide {
             Some(_) if cached => item.tokens.len() - item.cacheable(),
             _ => item.tokens.len(),
         };
@@ -214,9 +214,9 @@ impl Engine {
     /// One group: a single item of any length (in chunks), or several short ones in one pass.
     fn run_group(
         &self,
-        items: &[Item],
+        items: &[Sequence],
         mut store: Option<&mut (dyn PrefixStore<KvState> + '_)>,
-    ) -> Result<Vec<Ran>, PluginError> {
+    ) -> Result<Vec<Computed>, PluginError> {
         let starts = self.starts(items, store.as_deref_mut());
         let reused: Vec<usize> = starts.iter().map(|s| s.at).collect();
         let (kvs, logits) = self.passes(items, starts)?;
@@ -233,7 +233,7 @@ impl Engine {
                 }
             }
             let logits = Tensor::cat(&logits, 0).map_err(internal)?;
-            ran.push(Ran { kv, reused, logits });
+            ran.push(Computed { kv, reused, logits });
         }
         Ok(ran)
     }
@@ -242,14 +242,14 @@ impl Engine {
     /// earlier item of the group (only with a store: cache off means nothing is reused).
     fn starts(
         &self,
-        items: &[Item],
+        items: &[Sequence],
         mut store: Option<&mut (dyn PrefixStore<KvState> + '_)>,
-    ) -> Vec<Start> {
+    ) -> Vec<Resume> {
         let model = &self.model;
         (0..items.len())
             .map(|j| {
                 let Some(store) = store.as_deref_mut() else {
-                    return Start {
+                    return Resume {
                         kv: model.new_state(),
                         share: None,
                         at: 0,
@@ -262,17 +262,17 @@ impl Engine {
                 let prompt = &items[j].tokens[..items[j].cacheable() + 1];
                 match store.lookup(prompt, shared) {
                     // A scored item's state is dropped after its pass: no room to decode.
-                    Some((kv, cached)) if !items[j].scored.is_empty() => Start {
+                    Some((kv, cached)) if !items[j].scored.is_empty() => Resume {
                         kv: kv.without_spare(),
                         share: None,
                         at: cached,
                     },
-                    Some((kv, cached)) => Start {
+                    Some((kv, cached)) => Resume {
                         kv,
                         share: None,
                         at: cached,
                     },
-                    None => Start {
+                    None => Resume {
                         kv: model.new_state(),
                         share: earlier,
                         at: shared,
@@ -287,8 +287,8 @@ impl Engine {
     /// logits, from row `prompt_len - 1` on, in pieces.
     fn passes(
         &self,
-        items: &[Item],
-        starts: Vec<Start>,
+        items: &[Sequence],
+        starts: Vec<Resume>,
     ) -> Result<(Vec<KvState>, Vec<Vec<Tensor>>), PluginError> {
         let mut pos: Vec<usize> = starts.iter().map(|s| s.at).collect();
         let shares: Vec<_> = starts.iter().map(|s| s.share).collect();
@@ -392,33 +392,35 @@ impl Engine {
         &self,
         snapshot: &ConversationSnapshot,
         store: Option<&mut dyn PrefixStore<KvState>>,
-    ) -> Result<Started, PluginError> {
+    ) -> Result<Prefilled, PluginError> {
         self.start_batch(std::slice::from_ref(snapshot), store)?
             .pop()
             .ok_or_else(|| PluginError::internal("no prompt state"))
     }
 
     /// Runs generations' prompts in packed passes (as scoring does), each from its longest
-    /// cached prefix or an earlier prompt's of the same pass; one [`Started`] per snapshot.
+    /// cached prefix or an earlier prompt's of the same pass; one [`Prefilled`] per snapshot.
     pub fn start_batch(
         &self,
         snapshots: &[ConversationSnapshot],
         store: Option<&mut dyn PrefixStore<KvState>>,
-    ) -> Result<Vec<Started>, PluginError> {
+    ) -> Result<Vec<Prefilled>, PluginError> {
         let items = snapshots
             .iter()
             .map(|snapshot| {
                 let prompt = self.front.prompt_ids(snapshot, 0)?;
-                Ok(Item {
+                Ok(Sequence {
                     prompt_len: prompt.len(),
                     tokens: prompt,
                     scored: Vec::new(),
                     hide: None,
                 })
             })
-            .collect::<Result<Vec<Item>, PluginError>>()?;
+            .collect::<Result<Vec<Sequence>, PluginError>>()?;
         self.prompting(|| match store {
-            Some(store) if self.stored_prompts => self.started(&items, Some(&mut Apart(store))),
+            Some(store) if self.stored_prompts => {
+                self.started(&items, Some(&mut DecodeCopyStore(store)))
+            }
             store => self.started(&items, store),
         })
     }
@@ -426,12 +428,12 @@ impl Engine {
     /// Runs generations' prompts (see [`Engine::start_batch`]).
     fn started(
         &self,
-        items: &[Item],
+        items: &[Sequence],
         store: Option<&mut dyn PrefixStore<KvState>>,
-    ) -> Result<Vec<Started>, PluginError> {
+    ) -> Result<Vec<Prefilled>, PluginError> {
         let mut started = Vec::with_capacity(items.len());
-        self.run(items, store, |item, Ran { kv, reused, logits }| {
-            started.push(Started {
+        self.run(items, store, |item, Computed { kv, reused, logits }| {
+            started.push(Prefilled {
                 prompt_len: item.prompt_len,
                 kv,
                 reused,
@@ -446,12 +448,12 @@ impl Engine {
     /// or packed with other generations' by [`crate::batch::Batcher`]). No embeddings.
     pub fn finish(
         &self,
-        started: Started,
+        started: Prefilled,
         config: &GenerationConfig,
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
         step: &mut dyn FnMut(u32, KvState) -> Result<(KvState, Vec<f32>), PluginError>,
     ) -> Result<GenerationRecord, PluginError> {
-        let Started {
+        let Prefilled {
             prompt_len,
             kv,
             reused,
@@ -545,11 +547,11 @@ impl Engine {
         reply: &str,
         store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let items: Vec<Item> = self
+        let items: Vec<Sequence> = self
             .front
             .scoring_items(snapshots, reply)?
             .into_iter()
-            .map(|s| Item::scoring(s.prompt, s.reply))
+            .map(|s| Sequence::scoring(s.prompt, s.reply))
             .collect();
         self.scored(&items, store)
     }
@@ -557,7 +559,7 @@ impl Engine {
     /// Runs scoring `items` and reads each one's logprobs of its reply.
     fn scored(
         &self,
-        items: &[Item],
+        items: &[Sequence],
         store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         if items.iter().all(|item| item.scored.is_empty()) {
@@ -592,20 +594,20 @@ impl Engine {
         let plan = self
             .front
             .hidden_scoring(snapshot, reply, (spans, hidden), from_message)?;
-        let items: Vec<Item> = plan
+        let items: Vec<Sequence> = plan
             .hidden
             .into_iter()
-            .map(|keys| Item {
+            .map(|keys| Sequence {
                 hide: Some(Hide {
                     from: plan.from,
                     keys,
                 }),
-                ..Item::scoring(plan.prompt.clone(), plan.reply.clone())
+                ..Sequence::scoring(plan.prompt.clone(), plan.reply.clone())
             })
             .collect();
         let prefix = plan.from > 0 && !plan.reply.is_empty();
         if let (Some(store), true) = (store.as_deref_mut(), prefix) {
-            let shared = Item {
+            let shared = Sequence {
                 tokens: plan.prompt[..=plan.from].to_vec(),
                 prompt_len: plan.from + 1,
                 scored: Vec::new(),
@@ -629,12 +631,12 @@ impl Engine {
     }
 }
 
-impl Item {
+impl Sequence {
     /// A prompt followed by the reply `scored`, all of whose ids but the last are run.
-    fn scoring(mut tokens: Vec<u32>, scored: Vec<u32>) -> Item {
+    fn scoring(mut tokens: Vec<u32>, scored: Vec<u32>) -> Sequence {
         let prompt_len = tokens.len();
         tokens.extend_from_slice(&scored[..scored.len().saturating_sub(1)]);
-        Item {
+        Sequence {
             tokens,
             prompt_len,
             scored,
@@ -650,7 +652,7 @@ impl Item {
     }
 }
 
-fn record(item: &Item, logprobs: &[f32], reused: usize) -> ScoreRecord {
+fn record(item: &Sequence, logprobs: &[f32], reused: usize) -> ScoreRecord {
     ScoreRecord {
         token_ids: item.scored.clone().into(),
         logprobs: logprobs.to_vec().into(),
@@ -661,7 +663,7 @@ fn record(item: &Item, logprobs: &[f32], reused: usize) -> ScoreRecord {
 
 /// The earlier item sharing the longest token prefix with item `j`, and how many of its
 /// positions `j` can take (all but `j`'s last prompt token, at most).
-fn best_share(items: &[Item], j: usize) -> Option<(usize, usize)> {
+fn best_share(items: &[Sequence], j: usize) -> Option<(usize, usize)> {
     let item = &items[j];
     (0..j)
         .filter(|&i| items[i].hide.is_none())

@@ -16,7 +16,7 @@ use lmhost_plugin_api::{
 };
 
 use crate::batch::{Batcher, Prompts};
-use crate::engine::{Engine, Started};
+use crate::engine::{Engine, Prefilled};
 use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
@@ -133,7 +133,7 @@ impl TextModel {
     fn decode(
         &self,
         engine: &Engine,
-        started: Started,
+        started: Prefilled,
         config: &GenerationConfig,
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
         pool: &rayon::ThreadPool,
