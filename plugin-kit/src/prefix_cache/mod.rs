@@ -31,7 +31,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use std::sync::Mutex;
 
-use lmhost_plugin_api::{lock_or_reset, BackendStats, KvCacheSettings};
+use lmhost_plugin_api::{
+    lock_or_reset, BackendStats, GenerationRecord, KvCacheSettings, ScoreRecord,
+};
 
 /// The computed state (keys and values of every layer) of consecutive positions, as a backend
 /// holds it. A segment is a snapshot: growing a clone or a prefix of it never changes it.
@@ -167,14 +169,64 @@ impl<S: Segment> SharedCache<S> {
     }
 }
 
-/// Adds one call's tokens to a backend's counts; with the cache `on`, a call that reused
-/// prompt tokens counts as a hit, one that reused none as a miss.
-pub fn count(stats: &mut BackendStats, on: bool, prompt: u32, cached: u32, generated: usize) {
-    stats.prompt_tokens += u64::from(prompt);
-    stats.generated_tokens += generated as u64;
-    stats.kv_cache_reused_tokens += u64::from(cached);
-    stats.kv_cache_hits += u64::from(on && cached > 0);
-    stats.kv_cache_misses += u64::from(on && cached == 0);
+/// A backend's token counts over its life, which every call adds to: prompt, generated and
+/// reused tokens, and with the cache on a hit for each call that reused prompt tokens and a
+/// miss for each that reused none. Read without waiting for a running call.
+#[derive(Debug, Default)]
+pub struct TokenCounts(Mutex<BackendStats>);
+
+impl TokenCounts {
+    /// Adds one call's tokens; `caching`: whether the prefix cache is on.
+    pub fn add(&self, caching: bool, prompt: u32, cached: u32, generated: usize) {
+        let mut stats = lock_or_reset(&self.0, |_| {});
+        stats.prompt_tokens += u64::from(prompt);
+        stats.generated_tokens += generated as u64;
+        stats.kv_cache_reused_tokens += u64::from(cached);
+        stats.kv_cache_hits += u64::from(caching && cached > 0);
+        stats.kv_cache_misses += u64::from(caching && cached == 0);
+    }
+
+    /// Adds a generation's tokens.
+    pub fn add_generation(&self, caching: bool, record: &GenerationRecord) {
+        let generated = record.token_ids.len();
+        self.add(
+            caching,
+            record.prompt_tokens,
+            record.cached_prompt_tokens,
+            generated,
+        );
+    }
+
+    /// Adds scored prompts' tokens.
+    pub fn add_scores(&self, caching: bool, records: &[ScoreRecord]) {
+        for record in records {
+            self.add(
+                caching,
+                record.prompt_tokens,
+                record.cached_prompt_tokens,
+                0,
+            );
+        }
+    }
+
+    /// Starts the counts afresh (a backend's `set_kv_cache` does).
+    pub fn reset(&self) {
+        *lock_or_reset(&self.0, |_| {}) = BackendStats::default();
+    }
+
+    /// The counts so far.
+    pub fn get(&self) -> BackendStats {
+        *lock_or_reset(&self.0, |_| {})
+    }
+
+    /// The counts so far, with `cache`'s own counters over them where it is on.
+    pub fn stats<S: Segment>(&self, cache: &SharedCache<S>) -> BackendStats {
+        let counted = self.get();
+        match cache.stats() {
+            Some(cached) => cached.over(counted),
+            None => counted,
+        }
+    }
 }
 
 type NodeId = usize;

@@ -294,3 +294,25 @@ fn agrees_with_a_scan_of_all_stored_sequences() {
     let stats = cache.stats();
     assert!(stats.hits > 0 && stats.misses > 0);
 }
+
+/// A backend's counts: every call's tokens, a hit or a miss per call only with the cache on,
+/// and afresh after a reset.
+#[test]
+fn token_counts_add_calls_and_count_hits_only_with_the_cache_on() {
+    let counts = TokenCounts::default();
+    counts.add(false, 10, 0, 3);
+    counts.add(true, 12, 8, 0);
+    counts.add(true, 5, 0, 2);
+    let stats = counts.get();
+    assert_eq!(
+        (
+            stats.prompt_tokens,
+            stats.generated_tokens,
+            stats.kv_cache_reused_tokens
+        ),
+        (27, 5, 8)
+    );
+    assert_eq!((stats.kv_cache_hits, stats.kv_cache_misses), (1, 1));
+    counts.reset();
+    assert_eq!(counts.get(), BackendStats::default());
+}

@@ -19,19 +19,19 @@ pub mod source;
 pub mod text_model;
 pub mod weights;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lmhost_plugin_api::{
-    lock_or_reset, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    GenerationConfig, GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError,
-    ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
+    Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
+    GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    TextSpan, TokenDelta, TokenizeRecord,
 };
 
 use crate::audio_backend::{AudioBackend, SpeechModel};
 use crate::engine::Engine;
 use crate::options::Settings;
 use crate::text_model::TextModel;
-use lmhost_plugin_kit::prefix_cache;
+use lmhost_plugin_kit::prefix_cache::TokenCounts;
 
 /// Sets, where unset, what candle 0.11's CPU thread pools read from the environment, as the
 /// `lmhost` binary does first thing: `RAYON_NUM_THREADS` (without it candle counts the cores
@@ -56,7 +56,7 @@ pub struct Candle {
     pool: rayon::ThreadPool,
     model: Model,
     /// Token counts over the backend's life (the prefix cache adds its own counters).
-    counted: Mutex<BackendStats>,
+    counts: TokenCounts,
 }
 
 /// What the checkpoint is: each kind of model is its own type.
@@ -102,7 +102,7 @@ impl Backend for Candle {
             model_id,
             pool,
             model,
-            counted: Mutex::default(),
+            counts: TokenCounts::default(),
         })
     }
 
@@ -148,11 +148,7 @@ impl Backend for Candle {
                 Ok(record)
             }
         }?;
-        self.count(
-            record.prompt_tokens,
-            record.cached_prompt_tokens,
-            record.token_ids.len(),
-        );
+        self.counts.add_generation(self.caching(), &record);
         Ok(record)
     }
 
@@ -171,11 +167,7 @@ impl Backend for Candle {
             }
         };
         for record in &records {
-            self.count(
-                record.prompt_tokens,
-                record.cached_prompt_tokens,
-                record.token_ids.len(),
-            );
+            self.counts.add_generation(self.caching(), record);
         }
         Ok(records)
     }
@@ -250,7 +242,7 @@ impl Backend for Candle {
     /// Also starts the token counts afresh. Audio prompts are not token prefixes: a speech
     /// model has no cache to set.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
-        *lock_or_reset(&self.counted, |_| {}) = BackendStats::default();
+        self.counts.reset();
         match &self.model {
             Model::Text(text) => text.set_kv_cache(settings),
             Model::Speech(_) => Ok(()),
@@ -265,10 +257,9 @@ impl Backend for Candle {
     }
 
     fn stats(&self) -> BackendStats {
-        let counted = *lock_or_reset(&self.counted, |_| {});
         match &self.model {
-            Model::Text(text) => text.stats(counted),
-            Model::Speech(_) => counted,
+            Model::Text(text) => text.stats(&self.counts),
+            Model::Speech(_) => self.counts.get(),
         }
     }
 }
@@ -302,23 +293,15 @@ impl Candle {
 
     /// `records` after counting their prompt tokens.
     fn scores_counted(&self, records: Vec<ScoreRecord>) -> Vec<ScoreRecord> {
-        for record in &records {
-            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
-        }
+        self.counts.add_scores(self.caching(), &records);
         records
     }
 
-    fn count(&self, prompt: u32, cached: u32, generated: usize) {
-        let on = match &self.model {
+    /// Whether the prefix cache is on (a speech model has none).
+    fn caching(&self) -> bool {
+        match &self.model {
             Model::Text(text) => text.caching(),
             Model::Speech(_) => false,
-        };
-        prefix_cache::count(
-            &mut lock_or_reset(&self.counted, |_| {}),
-            on,
-            prompt,
-            cached,
-            generated,
-        );
+        }
     }
 }

@@ -21,7 +21,7 @@ use crate::kv::KvState;
 use crate::models::llama::BuildOptions;
 use crate::options::Settings;
 use crate::{attention, kernels, source, weights};
-use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache};
+use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache, TokenCounts};
 use lmhost_plugin_kit::text::TextFrontEnd;
 
 /// Runs `f` on `pool`, outside the decode phase (see [`weights::prefilling`]).
@@ -260,14 +260,11 @@ impl TextModel {
         self.cache.stats().is_some()
     }
 
-    /// `counted` with the prefix cache's own counters over it, when the cache is on (a test
+    /// `counts` with the prefix cache's own counters over them, when the cache is on (a test
     /// can hold them against the records). Never waits for a running call (a server's
     /// `/metrics` asks while requests run): the counters are those the last call left.
-    pub fn stats(&self, counted: BackendStats) -> BackendStats {
-        match self.cache.stats() {
-            Some(cached) => cached.over(counted),
-            None => counted,
-        }
+    pub fn stats(&self, counts: &TokenCounts) -> BackendStats {
+        counts.stats(&self.cache)
     }
 
     /// The engine, loading the model on `pool` on first use (once: the lock is held while

@@ -19,7 +19,7 @@ use lmhost_plugin_api::{
     GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
     TokenDelta, TokenizeRecord,
 };
-use lmhost_plugin_kit::prefix_cache::{self, SharedCache};
+use lmhost_plugin_kit::prefix_cache::{SharedCache, TokenCounts};
 
 use crate::engine::Engine;
 use crate::options::Settings;
@@ -31,7 +31,7 @@ pub struct Onnx {
     /// Loaded on first use, so opening a backend to list or validate costs nothing.
     engine: Mutex<Option<Arc<Engine>>>,
     cache: SharedCache<Past>,
-    counted: Mutex<BackendStats>,
+    counts: TokenCounts,
 }
 
 impl Backend for Onnx {
@@ -52,7 +52,7 @@ impl Backend for Onnx {
             settings,
             engine: Mutex::default(),
             cache: SharedCache::default(),
-            counted: Mutex::default(),
+            counts: TokenCounts::default(),
         })
     }
 
@@ -90,11 +90,7 @@ impl Backend for Onnx {
         let record = self
             .cache
             .with_store(|store| engine.generate(snapshot, config, store, sink))?;
-        self.count(
-            record.prompt_tokens,
-            record.cached_prompt_tokens,
-            record.token_ids.len(),
-        );
+        self.counts.add_generation(self.caching(), &record);
         Ok(record)
     }
 
@@ -120,9 +116,7 @@ impl Backend for Onnx {
         let records = self
             .cache
             .with_store(|store| engine.score_batch(snapshots, reply, store))?;
-        for record in &records {
-            self.count(record.prompt_tokens, record.cached_prompt_tokens, 0);
-        }
+        self.counts.add_scores(self.caching(), &records);
         Ok(records)
     }
 
@@ -144,7 +138,7 @@ impl Backend for Onnx {
 
     /// Also starts the token counts afresh.
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
-        *lock_or_reset(&self.counted, |_| {}) = BackendStats::default();
+        self.counts.reset();
         self.cache.set(settings);
         Ok(())
     }
@@ -152,11 +146,7 @@ impl Backend for Onnx {
     /// The token counts, with the prefix cache's own counters when it is on: those the last
     /// call left, so this never waits for a running one.
     fn stats(&self) -> BackendStats {
-        let counted = *lock_or_reset(&self.counted, |_| {});
-        match self.cache.stats() {
-            Some(cached) => cached.over(counted),
-            None => counted,
-        }
+        self.counts.stats(&self.cache)
     }
 }
 
@@ -172,14 +162,8 @@ impl Onnx {
         Ok(loaded)
     }
 
-    fn count(&self, prompt: u32, cached: u32, generated: usize) {
-        let on = self.cache.stats().is_some();
-        prefix_cache::count(
-            &mut lock_or_reset(&self.counted, |_| {}),
-            on,
-            prompt,
-            cached,
-            generated,
-        );
+    /// Whether the prefix cache is on.
+    fn caching(&self) -> bool {
+        self.cache.stats().is_some()
     }
 }
