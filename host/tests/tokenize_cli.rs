@@ -14,24 +14,23 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The vocabularies the suite has expected ids for.
-const VOCABS: &[&str] = &[
-    "bert-bge",
-    "command-r",
-    "deepseek-coder",
-    "deepseek-llm",
-    "falcon",
-    "gemma-4",
-    "gpt-2",
-    "llama-bpe",
-    "llama-spm",
-    "mpt",
-    "phi-3",
-    "qwen2",
-    "qwen35",
-    "refact",
-    "starcoder",
-];
+/// The vocabularies the suite has expected ids for (a `.gguf.out` beside the `.gguf`).
+fn vocabularies() -> Vec<String> {
+    let dir = repo().join("models/llama.cpp");
+    let entries = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}: run scripts/fetch-test-data", dir.display()));
+    let mut names: Vec<String> = entries
+        .filter_map(|entry| {
+            let file = entry.ok()?.file_name().into_string().ok()?;
+            let name = file
+                .strip_prefix("ggml-vocab-")?
+                .strip_suffix(".gguf.out")?;
+            Some(name.to_string())
+        })
+        .collect();
+    names.sort();
+    names
+}
 
 fn vocab(name: &str) -> PathBuf {
     let path = repo().join(format!("models/llama.cpp/ggml-vocab-{name}.gguf"));
@@ -114,8 +113,10 @@ fn mismatches(dir: &Path, name: &str) -> Vec<String> {
 #[test]
 fn every_vocabulary_of_llama_cpps_suite_tokenizes_through_the_cli() {
     let dir = tempfile::tempdir().unwrap();
+    let vocabularies = vocabularies();
+    assert_eq!(vocabularies.len(), 15, "{vocabularies:?}");
     // Two processes at a time: each run loads a vocabulary of up to 262k tokens.
-    let (left, right) = VOCABS.split_at(VOCABS.len() / 2);
+    let (left, right) = vocabularies.split_at(vocabularies.len() / 2);
     let failed: Vec<String> = std::thread::scope(|s| {
         let other = s.spawn(|| {
             let failed: Vec<String> = right
