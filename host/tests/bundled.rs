@@ -4,14 +4,12 @@
 
 mod common;
 
+use common::repo;
+
 use std::path::{Path, PathBuf};
 
 use common::TestServer;
 use lmhost::{conversation, Backend, Config, Host, Message, Origin, Role, RunOptions};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// Where cargo put the plugin libraries: beside this test binary.
 fn library_dir() -> PathBuf {

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_lmhost");
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use common::repo;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lmhost");
 
 fn example() -> PathBuf {
     repo().join("examples/conversation.json")

@@ -1,14 +1,14 @@
 //! `lmhost explain` on the real packaged models: SmolLM2 with the prefix cache on and off, and
 //! Whisper over an audio conversation. Needs `scripts/fetch-models` (the test command runs it).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+
+use common::repo;
 
 fn require(model: &str) {
     let path = repo().join("models").join(model);

@@ -8,9 +8,9 @@ use std::process::Command;
 use lmhost::report::html::shade;
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+
+use common::repo;
 
 /// Exact Shapley of `answer_logprob` over the example's five user messages, as JSON and HTML.
 fn explain(dir: &Path) -> (Value, PathBuf) {

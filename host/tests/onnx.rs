@@ -12,9 +12,7 @@ use serde_json::Value;
 
 mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use common::repo;
 
 fn require(path: PathBuf) -> PathBuf {
     assert!(

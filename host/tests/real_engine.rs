@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::repo;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,10 +20,6 @@ use lmhost_plugin_kit::template::{ChatMessage, ChatTemplate};
 use serde_json::{json, Value};
 
 const MODEL: &str = "smollm2";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn gguf() -> PathBuf {
     let path = repo().join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");

@@ -2,14 +2,13 @@
 //! the text front end end to end, from the command line to the candle backend and back.
 //! Needs `scripts/fetch-models` (the test command runs it).
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+
+use common::repo;
 
 fn lmhost(args: &[&str]) -> Output {
     let model = repo().join("models/smollm2");

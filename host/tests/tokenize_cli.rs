@@ -10,9 +10,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+
+use common::repo;
 
 /// The vocabularies the suite has expected ids for (a `.gguf.out` beside the `.gguf`).
 fn vocabularies() -> Vec<String> {

@@ -15,6 +15,11 @@ use serde_json::Value;
 
 pub const MODEL: &str = "mock-model";
 
+/// The repository's root, where `models/`, `configs/` and `examples/` lie.
+pub fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// A host with mock linked in. Other plugins load from their libraries, found next to the test
 /// executable (`target/*/deps`): the `openai` plugin's library crate is a dev-dependency so
 /// that cargo builds it there.
