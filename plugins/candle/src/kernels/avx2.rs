@@ -11,8 +11,8 @@ use std::arch::x86_64::*;
 
 use lmhost_plugin_kit::simd::Simd;
 
-use super::kquants::BlockQ5_0;
-use super::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, Tile, BLOCK, ROWS};
+use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0, NibbleKind, Nibbles, BLOCK};
+use super::{Tile, ROWS};
 
 /// Proof that this CPU has AVX2, FMA and F16C (and `LMHOST_SIMD` allows them): only
 /// [`Avx2::detect`] makes one.
@@ -144,60 +144,6 @@ fn quantize_q8(lhs: &[f32], blocks: &mut [BlockQ8]) {
         // SAFETY: `qs` is 32 writable bytes; the store is unaligned.
         unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes) };
         *block = BlockQ8::new(d, sum, qs);
-    }
-}
-
-/// The 32-value types with 4-bit nibbles, which the tile kernels (here and in `avx512.rs`)
-/// handle alike.
-pub(super) trait Nibbles {
-    const KIND: Kind;
-    /// The nibbles, the scale and minimum as f16 bytes, and the fifth bits.
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32);
-}
-
-#[derive(PartialEq, Eq)]
-pub(super) enum Kind {
-    /// `w = d · (q - 8)`.
-    Q4_0,
-    /// `w = d · q + m`.
-    Q4_1,
-    /// `w = d · (q + 16·h - 16)`, `h` bit `i` of `qh` for value `i`.
-    Q5_0,
-}
-
-impl Kind {
-    /// The offset of Q4_0's and Q5_0's q, a quarter of it: the tile kernels spread each
-    /// block's offset term over a lane's four f32.
-    pub(super) fn quarter_offset(&self) -> f32 {
-        match self {
-            Kind::Q4_0 => -8.0 / 4.0,
-            _ => -16.0 / 4.0,
-        }
-    }
-}
-
-impl Nibbles for BlockQ4_0 {
-    const KIND: Kind = Kind::Q4_0;
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
-        (&self.qs, [self.d[0], self.d[1], 0, 0], 0)
-    }
-}
-
-impl Nibbles for BlockQ4_1 {
-    const KIND: Kind = Kind::Q4_1;
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
-        (&self.qs, [self.d[0], self.d[1], self.m[0], self.m[1]], 0)
-    }
-}
-
-impl Nibbles for BlockQ5_0 {
-    const KIND: Kind = Kind::Q5_0;
-    fn parts(&self) -> (&[u8; 16], [u8; 4], u32) {
-        (
-            &self.qs,
-            [self.d[0], self.d[1], 0, 0],
-            u32::from_le_bytes(self.qh),
-        )
     }
 }
 
@@ -436,7 +382,7 @@ fn tile_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8];
             _mm256_and_si256(q, mask),
             _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
         );
-        if W::KIND == Kind::Q5_0 {
+        if W::KIND == NibbleKind::Q5_0 {
             // Bits 0..16 of each row's `qh` go with its low nibbles, 16..32 with the high.
             let bits_lo = (a.2 & 0xFFFF) | b.2 << 16;
             let bits_hi = a.2 >> 16 | (b.2 & 0xFFFF_0000);
@@ -455,7 +401,7 @@ fn tile_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]]) -> [[f32; 8];
             let dx = _mm256_mul_ps(d, _mm256_broadcast_ss(&x.d));
             *acc = _mm256_fmadd_ps(dx, sums, *acc);
             *acc = match W::KIND {
-                Kind::Q4_1 => _mm256_fmadd_ps(m, _mm256_set1_ps(0.25 * x.s), *acc),
+                NibbleKind::Q4_1 => _mm256_fmadd_ps(m, _mm256_set1_ps(0.25 * x.s), *acc),
                 _ => _mm256_fmadd_ps(dx, _mm256_set1_ps(offset * x.sum), *acc),
             };
         }

@@ -9,8 +9,9 @@ use std::arch::x86_64::*;
 
 use lmhost_plugin_kit::simd::Simd;
 
-use super::avx2::{prefetch, Avx2, Kind, Nibbles};
-use super::{BlockQ8, BlockQ8_0, Tile, GROUP, ROWS, WROWS};
+use super::avx2::{prefetch, Avx2};
+use super::blocks::{BlockQ8, BlockQ8_0, NibbleKind, Nibbles};
+use super::{Tile, GROUP, ROWS, WROWS};
 
 /// Proof that this CPU has AVX-512 F, BW and VNNI, and AVX2, FMA and F16C (and `LMHOST_SIMD`
 /// allows them): only [`Avx512::detect`] makes one.
@@ -191,7 +192,7 @@ fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile
             _mm512_and_si512(q, mask),
             _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask),
         );
-        if W::KIND == Kind::Q5_0 {
+        if W::KIND == NibbleKind::Q5_0 {
             // Bits 0..16 of each row's `qh` go with its low nibbles, 16..32 with the high.
             let [a, b, c, d] = blocks.map(|b| u64::from(b.2));
             let low = |h: u64| h & 0xFFFF;
@@ -209,7 +210,7 @@ fn dot_nibbles<W: Nibbles>(w: &[W], wb: usize, xs: &[&[BlockQ8]], out: &mut Tile
             let dx = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
             *acc = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(sums), *acc);
             *acc = match W::KIND {
-                Kind::Q4_1 => _mm512_fmadd_ps(m, _mm512_set1_ps(0.25 * x.s), *acc),
+                NibbleKind::Q4_1 => _mm512_fmadd_ps(m, _mm512_set1_ps(0.25 * x.s), *acc),
                 _ => _mm512_fmadd_ps(dx, _mm512_set1_ps(offset * x.sum), *acc),
             };
         }
@@ -244,9 +245,9 @@ unsafe fn interleaved<W: Nibbles, const N: usize>(
     let spread_hi = _mm512_add_epi8(spread, _mm512_set1_epi8(2));
     let bit = _mm512_set1_epi32(0x0804_0201);
     let offset = match W::KIND {
-        Kind::Q4_0 => -8,
-        Kind::Q4_1 => 0,
-        Kind::Q5_0 => -16,
+        NibbleKind::Q4_0 => -8,
+        NibbleKind::Q4_1 => 0,
+        NibbleKind::Q5_0 => -16,
     };
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..kb {
@@ -263,10 +264,10 @@ unsafe fn interleaved<W: Nibbles, const N: usize>(
         let mut hi = q.map(|q| _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask));
         let min = match W::KIND {
             // SAFETY: Q4_1's 32 bytes of minimums follow the scales.
-            Kind::Q4_1 => Some(_mm512_cvtph_ps(unsafe { _mm256_loadu_si256(extra.cast()) })),
+            NibbleKind::Q4_1 => Some(_mm512_cvtph_ps(unsafe { _mm256_loadu_si256(extra.cast()) })),
             _ => None,
         };
-        if W::KIND == Kind::Q5_0 {
+        if W::KIND == NibbleKind::Q5_0 {
             // SAFETY: Q5_0's 64 bytes of `qh` follow the scales.
             let qh = unsafe { _mm512_loadu_si512(extra.cast()) };
             for c in 0..4 {

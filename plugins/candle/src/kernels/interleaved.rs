@@ -17,9 +17,9 @@
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
-use super::avx2::{Kind, Nibbles};
 use super::avx512::Avx512;
-use super::{BlockQ8, BlockQ8_0, BLOCK, GROUP, ROWS};
+use super::blocks::{BlockQ8, BlockQ8_0, NibbleKind, Nibbles, BLOCK};
+use super::{GROUP, ROWS};
 
 /// The AVX-512 kernel of one group against up to [`ROWS`] activation rows.
 type GroupKernel = fn(Avx512, &[u8], usize, &[&[BlockQ8]]) -> [[f32; GROUP]; ROWS];
@@ -30,11 +30,11 @@ pub(super) fn interleave<W: Nibbles>(w: &[W], shape: (usize, usize)) -> Vec<u8> 
         let parts = blocks.map(|b| b.parts());
         parts.iter().for_each(|p| out.extend_from_slice(&p.1[..2]));
         match W::KIND {
-            Kind::Q4_1 => parts.iter().for_each(|p| out.extend_from_slice(&p.1[2..])),
-            Kind::Q5_0 => parts
+            NibbleKind::Q4_1 => parts.iter().for_each(|p| out.extend_from_slice(&p.1[2..])),
+            NibbleKind::Q5_0 => parts
                 .iter()
                 .for_each(|p| out.extend_from_slice(&p.2.to_le_bytes())),
-            Kind::Q4_0 => {}
+            NibbleKind::Q4_0 => {}
         }
         for c in 0..4 {
             parts
@@ -117,7 +117,7 @@ fn groups(
     out: &mut [f32],
     kernel: GroupKernel,
 ) {
-    let kb = k / super::BLOCK;
+    let kb = k / BLOCK;
     let m = x.len() / kb;
     for (g, out) in data
         .chunks_exact(GROUP * kb * block_bytes)

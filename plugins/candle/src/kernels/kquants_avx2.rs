@@ -6,8 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{activations, dot_u8_i8, f16_pair, fifth_bits, hsum, nibbles, prefetch, Avx2};
-use super::kquants::{scales_mins, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8K};
-use super::BlockQ8;
+use super::blocks::{scales_mins, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8, BlockQ8K};
 
 impl Avx2 {
     pub(super) fn dot_q5_0(self, w: &[BlockQ5_0], x: &[BlockQ8]) -> f32 {
