@@ -10,10 +10,8 @@ use axum::Json;
 use lmhost_plugin_api::{ScoreRecord, TokenizeRecord};
 
 use super::error::ApiError;
-use super::generate::queue_error;
-use super::routes::{next_id, now};
+use super::state::{now, AppState};
 use super::wire::{Completion, CompletionChoice, CompletionLogprobs, Usage};
-use super::AppState;
 use crate::{Backend, ConversationSnapshot};
 
 pub(super) async fn respond(
@@ -27,14 +25,14 @@ pub(super) async fn respond(
         .queue
         .run(move || score_prompt(&backend, &text))
         .await
-        .map_err(|e| queue_error(state, e))??;
+        .map_err(|e| state.queue_error(e))??;
     let prompt_tokens = record.prompt_tokens + record.token_ids.len() as u32;
     state
         .metrics
         .record_tokens(prompt_tokens, 0, record.cached_prompt_tokens);
     let logprobs = with_logprobs.then(|| logprobs(&tokens, &record));
     Ok(Json(Completion {
-        id: next_id(state, "cmpl"),
+        id: state.next_id("cmpl"),
         object: "text_completion",
         created: now(),
         model: state.model.clone(),

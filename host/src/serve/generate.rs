@@ -10,23 +10,18 @@ use std::time::{Duration, Instant};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lmhost_plugin_api::abi_stable::std_types::RString;
-use lmhost_plugin_api::{
-    FinishReason, GenerationConfig, GenerationRecord, Message, Part, Role, TokenDelta,
-};
+use lmhost_plugin_api::{FinishReason, GenerationConfig, GenerationRecord, TokenDelta};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::queue::QueueError;
-use super::routes::{check_model, next_id, now, Shared};
+use super::messages::chat_snapshot;
+use super::state::{now, AppState, Shared};
 use super::stream::{ChatStream, Event};
 use super::wire::{
-    AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, ChoiceLogprobs,
-    Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Content, ContentPart,
-    Prompt, Stop, TokenLogprob, Usage, WireRole,
+    self, AssistantMessage, ChatChoice, ChatCompletion, ChatRequest, ChoiceLogprobs, Completion,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, Prompt, Stop, TokenLogprob, Usage,
 };
-use super::AppState;
-use crate::conversation::group_turns;
 use crate::ConversationSnapshot;
 
 pub(super) async fn chat(
@@ -34,7 +29,7 @@ pub(super) async fn chat(
     JsonBody(request): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let state = state.0;
-    check_model(&state, &request.model)?;
+    state.check_model(&request.model)?;
     only_one(request.n)?;
     if let Some(k) = request.top_logprobs.filter(|&k| k > 0) {
         return Err(ApiError::invalid(
@@ -69,7 +64,7 @@ pub(super) async fn chat(
     }
     .apply(&state)?;
     let stop = config.stop.first().map(|s| s.to_string());
-    let (id, created, model) = (next_id(&state, "chatcmpl"), now(), state.model.clone());
+    let (id, created, model) = (state.next_id("chatcmpl"), now(), state.model.clone());
     if request.stream.unwrap_or(false) {
         let mut events = stream_events(&state, snapshot, config);
         // A request refused or failed before its first token gets an HTTP error, not a stream.
@@ -93,7 +88,7 @@ pub(super) async fn chat(
         return Ok(stream.into_response());
     }
     let record = generate(&state, snapshot, config).await?;
-    let usage = usage(&record);
+    let usage = Usage::of(&record);
     let logprobs = request.logprobs.unwrap_or(false).then(|| ChoiceLogprobs {
         content: record
             .token_ids
@@ -116,7 +111,7 @@ pub(super) async fn chat(
                 content: record.text.into_string(),
             },
             logprobs,
-            finish_reason: finish_reason(record.finish_reason),
+            finish_reason: wire::finish_reason(record.finish_reason),
             stop_reason,
         }],
         usage,
@@ -131,7 +126,7 @@ pub(super) async fn completions(
     JsonBody(request): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let state = state.0;
-    check_model(&state, &request.model)?;
+    state.check_model(&request.model)?;
     only_one(request.n)?;
     if request.stream.unwrap_or(false) {
         return Err(ApiError::invalid(
@@ -180,7 +175,7 @@ pub(super) async fn completions(
         text_offset: vec![prompt.chars().count(); record.token_ids.len()],
     });
     Ok(Json(Completion {
-        id: next_id(&state, "cmpl"),
+        id: state.next_id("cmpl"),
         object: "text_completion",
         created: now(),
         model: state.model.clone(),
@@ -188,9 +183,9 @@ pub(super) async fn completions(
             index: 0,
             text: record.text.to_string(),
             logprobs,
-            finish_reason: finish_reason(record.finish_reason),
+            finish_reason: wire::finish_reason(record.finish_reason),
         }],
-        usage: usage(&record),
+        usage: Usage::of(&record),
     })
     .into_response())
 }
@@ -229,7 +224,7 @@ async fn generate(
             count_tokens(&shared, record, deadline)
         })
         .await
-        .map_err(|e| queue_error(state, e))?
+        .map_err(|e| state.queue_error(e))?
 }
 
 /// Starts a generation through the queue whose token deltas, then outcome, arrive on the
@@ -259,7 +254,7 @@ fn stream_events(
             })
             .await;
         let outcome = match outcome {
-            Err(e) => Err(queue_error(&state, e)),
+            Err(e) => Err(state.queue_error(e)),
             Ok(outcome) => outcome,
         };
         // The client may be gone; then nobody needs the outcome.
@@ -328,17 +323,6 @@ fn count_tokens(
     Ok(record)
 }
 
-pub(super) fn queue_error(state: &AppState, error: QueueError) -> ApiError {
-    match error {
-        QueueError::Full => {
-            state.metrics.record_rejected();
-            ApiError::overloaded(1)
-        }
-        QueueError::Timeout => ApiError::timeout(state.queue.timeout().as_secs_f64()),
-        QueueError::Panicked => ApiError::internal("the backend call failed unexpectedly"),
-    }
-}
-
 fn only_one(n: Option<u32>) -> Result<(), ApiError> {
     match n {
         Some(n) if n != 1 => Err(ApiError::invalid(
@@ -347,39 +331,6 @@ fn only_one(n: Option<u32>) -> Result<(), ApiError> {
         )),
         _ => Ok(()),
     }
-}
-
-/// The conversation of a chat request's `messages`.
-pub(super) fn chat_snapshot(messages: Vec<ChatMessage>) -> Result<ConversationSnapshot, ApiError> {
-    let messages = messages
-        .into_iter()
-        .map(|m| Message {
-            role: match m.role {
-                WireRole::System | WireRole::Developer => Role::System,
-                WireRole::User => Role::User,
-                WireRole::Assistant => Role::Assistant,
-            },
-            parts: match m.content {
-                Content::Text(text) => vec![Part::text(text)].into(),
-                Content::Parts(parts) => parts
-                    .into_iter()
-                    .map(|ContentPart::Text { text }| Part::text(text))
-                    .collect(),
-            },
-        })
-        .collect();
-    snapshot("messages", messages)
-}
-
-fn snapshot(field: &str, messages: Vec<Message>) -> Result<ConversationSnapshot, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid(
-            field,
-            format!("`{field}` holds no message; at least one is needed"),
-        ));
-    }
-    ConversationSnapshot::new(group_turns(messages))
-        .map_err(|e| ApiError::invalid(field, e.message.into_string()))
 }
 
 /// The sampling fields of a request, before validation.
@@ -452,20 +403,5 @@ impl Sampling {
             .validate()
             .map_err(|e| ApiError::invalid("body", e.message.into_string()))?;
         Ok(config)
-    }
-}
-
-pub(super) fn usage(record: &GenerationRecord) -> Usage {
-    Usage::new(
-        record.prompt_tokens,
-        record.token_ids.len() as u32,
-        record.cached_prompt_tokens,
-    )
-}
-
-pub(super) fn finish_reason(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Eos | FinishReason::StopString => "stop",
-        FinishReason::Length => "length",
     }
 }

@@ -13,9 +13,11 @@ pub mod body;
 mod echo;
 pub mod error;
 mod generate;
+mod messages;
 pub mod metrics;
 pub mod queue;
 mod routes;
+mod state;
 mod stream;
 mod tokens;
 pub mod wire;
@@ -103,31 +105,10 @@ impl ServeOptions {
     }
 }
 
-/// What every handler shares.
-pub(crate) struct AppState {
-    backend: Arc<Backend>,
-    defaults: GenerationConfig,
-    model: String,
-    queue: queue::Queue,
-    metrics: metrics::Metrics,
-    api_key: Option<String>,
-    next_id: AtomicU64,
-    limits: Limits,
-    stop: StopFlag,
-}
-
-impl AppState {
-    /// Whether a generation may go on: its request's time is not up and the server is not
-    /// cancelling what runs.
-    fn live(&self, deadline: std::time::Instant) -> bool {
-        !self.stop.is_set() && std::time::Instant::now() < deadline
-    }
-}
-
 /// The application: routes, auth, body limit and metrics, over `backend`.
 /// `defaults` are the config's `[generation]` settings that requests override.
 pub fn router(backend: Arc<Backend>, defaults: GenerationConfig, options: ServeOptions) -> Router {
-    let state = Arc::new(AppState {
+    let state = Arc::new(state::AppState {
         backend,
         defaults,
         model: options.model_name,

@@ -1,9 +1,8 @@
 //! The router: routes, the auth and metrics layers, and the small endpoints. The generation
 //! endpoints live in [`super::generate`].
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
@@ -16,11 +15,9 @@ use serde_json::json;
 
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::generate::{chat, completions, queue_error};
+use super::generate::{chat, completions};
+use super::state::{now, AppState, Shared};
 use super::wire::{Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Model, ModelList};
-use super::AppState;
-
-pub(super) type Shared = State<Arc<AppState>>;
 
 pub(super) fn build(state: Arc<AppState>, body_limit: usize) -> Router {
     let protected = Router::new()
@@ -134,7 +131,7 @@ async fn embeddings(
     State(state): Shared,
     JsonBody(request): JsonBody<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingList>, ApiError> {
-    check_model(&state, &request.model)?;
+    state.check_model(&request.model)?;
     let inputs = match request.input {
         super::wire::Prompt::One(text) => vec![text],
         super::wire::Prompt::Many(texts) => texts,
@@ -168,7 +165,7 @@ async fn embeddings(
         .queue
         .run(move || backend.embed(&inputs))
         .await
-        .map_err(|e| queue_error(&state, e))?
+        .map_err(|e| state.queue_error(e))?
         .map_err(|e| match e {
             crate::Error::Plugin { ref source, .. } if source.kind == ErrorKind::Unsupported => {
                 ApiError::invalid(
@@ -200,24 +197,4 @@ async fn embeddings(
             total_tokens: prompt_tokens,
         },
     }))
-}
-
-pub(super) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
-    if model == state.model {
-        Ok(())
-    } else {
-        Err(ApiError::model_not_found(model, &state.model))
-    }
-}
-
-pub(super) fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-pub(super) fn next_id(state: &AppState, prefix: &str) -> String {
-    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{:x}{n:06x}", now())
 }

@@ -12,8 +12,9 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
-use super::generate::{finish_reason, usage};
-use super::wire::{ChatChunk, ChoiceLogprobs, ChunkChoice, Delta, TokenLogprob};
+use super::wire::{
+    finish_reason, ChatChunk, ChoiceLogprobs, ChunkChoice, Delta, TokenLogprob, Usage,
+};
 
 /// What a generation sends its stream: deltas, then how it ended.
 pub enum Event {
@@ -105,7 +106,7 @@ impl ChatStream {
                     None,
                 );
                 if self.include_usage {
-                    out += &self.chunk(Vec::new(), Some(usage(&record)));
+                    out += &self.chunk(Vec::new(), Some(Usage::of(&record)));
                 }
                 out.push_str("data: [DONE]\n\n");
                 (out, true)

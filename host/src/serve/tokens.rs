@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::generate::chat_snapshot;
-use super::routes::{check_model, Shared};
+use super::messages::chat_snapshot;
+use super::state::Shared;
 use super::wire::{DetokenizeRequest, TokenizeRequest};
 use crate::ConversationSnapshot;
 
@@ -18,7 +18,7 @@ pub(super) async fn tokenize(
 ) -> Result<Json<Value>, ApiError> {
     let state = state.0;
     if let Some(model) = &request.model {
-        check_model(&state, model)?;
+        state.check_model(model)?;
     }
     if request.add_generation_prompt == Some(false) {
         return Err(ApiError::invalid(
@@ -50,7 +50,7 @@ pub(super) async fn tokenize(
         .queue
         .run(move || backend.tokenize(&snapshot, add_special))
         .await
-        .map_err(|e| super::generate::queue_error(&state, e))??;
+        .map_err(|e| state.queue_error(e))??;
     let ids = record.token_ids.as_slice();
     let tokens = if request.with_pieces.unwrap_or(false) {
         ids.iter()
@@ -77,7 +77,7 @@ pub(super) async fn detokenize(
 ) -> Result<Json<Value>, ApiError> {
     let state = state.0;
     if let Some(model) = &request.model {
-        check_model(&state, model)?;
+        state.check_model(model)?;
     }
     let backend = state.backend.clone();
     let ids = request.tokens;
@@ -85,6 +85,6 @@ pub(super) async fn detokenize(
         .queue
         .run(move || backend.detokenize(&ids))
         .await
-        .map_err(|e| super::generate::queue_error(&state, e))??;
+        .map_err(|e| state.queue_error(e))??;
     Ok(Json(json!({ "prompt": text, "content": text })))
 }

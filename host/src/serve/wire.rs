@@ -4,6 +4,7 @@
 //! silently ignored setting. The few extensions that vLLM and SGLang also accept (`top_k`) are
 //! listed as known fields. Responses carry the fields official clients read.
 
+use lmhost_plugin_api::{FinishReason, GenerationRecord};
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/chat/completions`.
@@ -135,6 +136,15 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// A finished generation's token counts.
+    pub fn of(record: &GenerationRecord) -> Self {
+        Usage::new(
+            record.prompt_tokens,
+            record.token_ids.len() as u32,
+            record.cached_prompt_tokens,
+        )
+    }
+
     pub fn new(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> Self {
         Usage {
             prompt_tokens,
@@ -315,4 +325,12 @@ pub struct TokenizeRequest {
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<u32>,
+}
+
+/// OpenAI's name for why a generation ended.
+pub fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Eos | FinishReason::StopString => "stop",
+        FinishReason::Length => "length",
+    }
 }
