@@ -91,7 +91,9 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
         let mut messages = Vec::new();
         for (m, message) in turn.messages.iter().enumerate() {
             if let Some(text) = render_message(players, t, m, message, coalition, absence) {
-                let present = players.any_present(t, m, coalition);
+                let present = players.layout(t, m).is_some_and(|layout| {
+                    layout.players.iter().any(|&(p, _)| coalition.contains(p))
+                });
                 if present && text == message.text_content() {
                     // Unchanged: keep the original, non-text parts included.
                     messages.push(message.clone());

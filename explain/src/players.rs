@@ -7,7 +7,6 @@ use std::ops::Range;
 use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, TextSpan};
 use serde::Serialize;
 
-use super::coalition::Coalition;
 use super::error::ExplainError;
 pub use super::settings::Granularity;
 
@@ -206,12 +205,6 @@ impl Players {
 
     pub fn layout(&self, turn: usize, message: usize) -> Option<&MessageLayout> {
         self.layouts.get(turn)?.get(message)?.as_ref()
-    }
-
-    /// Whether any player of the message is in `coalition`.
-    pub(crate) fn any_present(&self, turn: usize, message: usize, coalition: &Coalition) -> bool {
-        self.layout(turn, message)
-            .is_some_and(|layout| layout.players.iter().any(|&(p, _)| coalition.contains(p)))
     }
 
     pub(crate) fn message_has_players(&self, turn: usize, message: usize) -> bool {

@@ -17,7 +17,7 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use lmhost_candle::memory::{fit, MemoryBudget, WeightBytes};
-use lmhost_candle::models::llama::BuildOptions;
+use lmhost_candle::models::BuildOptions;
 use lmhost_candle::models::Logits;
 use lmhost_candle::weights::WeightFormat;
 use lmhost_candle::Candle;

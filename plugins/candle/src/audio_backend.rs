@@ -15,31 +15,18 @@ use std::sync::{Arc, Mutex};
 use candle_core::{DType, Tensor};
 use lmhost_plugin_api::abi_stable::std_types::{ROption, RString, RVec};
 use lmhost_plugin_api::{
-    lock_or_reset, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    OptionKind, OptionSpec, Part, PluginError, ScoreRecord,
+    lock_or_reset, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord, Part,
+    PluginError, ScoreRecord,
 };
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::models::whisper::model::CrossKv;
 use crate::models::whisper::{self, Loaded};
-use crate::options::Settings;
+use crate::options::{Settings, DEFAULT_MAX_AUDIO_SECONDS};
 use crate::processor::WhisperProcessor;
 
 /// Encoded audios kept (each 30 s window of tiny.en is about 18 MB of keys and values).
 const ENCODER_CACHE_ENTRIES: usize = 4;
-/// Default for `max_audio_seconds`: ten minutes, twenty windows.
-const DEFAULT_MAX_AUDIO_SECONDS: u64 = 600;
-
-/// The options this path adds to the candle backend's.
-pub fn options() -> Vec<OptionSpec> {
-    vec![OptionSpec::new(
-        "max_audio_seconds",
-        OptionKind::Integer,
-        json!(DEFAULT_MAX_AUDIO_SECONDS),
-        "longest audio (all parts of a conversation together) a speech model accepts",
-    )]
-}
-
 /// Identifies an audio: a hash of its 16 kHz samples and their count.
 type AudioKey = (u64, usize);
 /// A static and a contextual embedding.

@@ -9,7 +9,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
 
-use crate::models::llama::BuildOptions;
+use crate::models::BuildOptions;
 use crate::weights::WeightFormat;
 
 /// Option `memory_budget`: the most bytes a model's weights may take.

@@ -32,6 +32,10 @@ pub struct Settings {
 /// The values of option `kv_cache_dtype`.
 const KV_DTYPES: &[&str] = &["auto", "float32", "float16"];
 
+/// Default for `max_audio_seconds`: ten minutes, twenty windows.
+pub const DEFAULT_MAX_AUDIO_SECONDS: u64 = 600;
+
+/// Every option the candle backend takes, the speech models' among them.
 pub fn specs() -> Vec<OptionSpec> {
     let mut classes = vec!["auto"];
     classes.extend(crate::models::text_architectures());
@@ -119,10 +123,13 @@ pub fn specs() -> Vec<OptionSpec> {
              own; \"plain\" for `role: content` lines (a model without a template refuses chat \
              messages otherwise).",
         ),
+        OptionSpec::new(
+            "max_audio_seconds",
+            OptionKind::Integer,
+            json!(DEFAULT_MAX_AUDIO_SECONDS),
+            "longest audio (all parts of a conversation together) a speech model accepts",
+        ),
     ]
-    .into_iter()
-    .chain(crate::audio_backend::options())
-    .collect()
 }
 
 fn string(options: &Map<String, Value>, key: &str, default: &str) -> String {
@@ -236,7 +243,7 @@ fn auto_device() -> Device {
 
 /// The model's tensor-parallel plan, validated, for `lmhost plugins` and tooling.
 pub fn tensor_parallel_plan() -> Result<Vec<(String, crate::models::TpStyle)>, String> {
-    crate::models::validate_tp_plan(crate::models::llama::TP_PLAN)
+    crate::models::validate_tp_plan(crate::models::decoder::TP_PLAN)
 }
 
 #[cfg(test)]

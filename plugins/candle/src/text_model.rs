@@ -18,7 +18,7 @@ use lmhost_plugin_api::{
 use crate::batch::{Batcher, Prompts};
 use crate::engine::{Engine, Prefilled};
 use crate::kv::KvState;
-use crate::models::llama::BuildOptions;
+use crate::models::BuildOptions;
 use crate::options::Settings;
 use crate::{attention, kernels, source, weights};
 use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache, TokenCounts};

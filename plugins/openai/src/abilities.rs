@@ -8,17 +8,7 @@ use lmhost_plugin_api::serde_json::{json, Value};
 
 use crate::client::Client;
 use crate::flavor::Flavor;
-
-/// A server's tokenizer endpoint, by the shape it takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tokenizer {
-    /// `POST /tokenize {model, prompt, add_special_tokens}` (vLLM, SGLang, `lmhost serve`).
-    Vllm,
-    /// `POST /tokenize {content, add_special, with_pieces}` (llama.cpp's server).
-    LlamaCpp,
-    /// `POST /extras/tokenize {model, input}` (llama-cpp-python's server).
-    LlamaCppPython,
-}
+use crate::tokens::Tokenizer;
 
 /// How a server returns a prompt's logprobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -334,7 +334,7 @@ impl OpenAi {
     }
 
     /// The server's tokenizer endpoint; `what` names the call refused without one.
-    fn tokenizer(&self, what: &str) -> Result<abilities::Tokenizer, PluginError> {
+    fn tokenizer(&self, what: &str) -> Result<tokens::Tokenizer, PluginError> {
         self.abilities.tokenizer.ok_or_else(|| {
             PluginError::unsupported(format!(
                 "the {} server at {} has no tokenizer endpoint, so it cannot {what}; vLLM, \

@@ -4,9 +4,19 @@
 use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{PluginError, TokenizeRecord};
 
-use crate::abilities::Tokenizer;
 use crate::chat::short;
 use crate::client::Client;
+
+/// A server's tokenizer endpoint, by the shape it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokenizer {
+    /// `POST /tokenize {model, prompt, add_special_tokens}` (vLLM, SGLang, `lmhost serve`).
+    Vllm,
+    /// `POST /tokenize {content, add_special, with_pieces}` (llama.cpp's server).
+    LlamaCpp,
+    /// `POST /extras/tokenize {model, input}` (llama-cpp-python's server).
+    LlamaCppPython,
+}
 
 /// `text`'s ids as the server tokenizes a completions prompt (`add_special`: with its BOS).
 pub fn tokenize(

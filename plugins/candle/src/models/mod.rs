@@ -8,25 +8,81 @@
 pub mod decoder;
 pub mod gemma3;
 pub mod glu;
-pub mod llama;
-pub mod phi3;
-pub mod qwen3;
+mod llama;
+pub mod norm;
+mod phi3;
+mod qwen3;
 pub mod rope;
 pub mod step;
 pub mod whisper;
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
 
 use candle_core::{Result, Tensor};
 
 use crate::attention::{Attention, AttnParams, Hidden, RowKeys};
 use crate::kv::KvState;
-use crate::weights;
+use crate::weights::{self, WeightFormat, WeightSource};
+
+use decoder::{BlockLoader, Decoder, LlamaConfig, LoadResult};
 
 /// The text architectures the plugin runs (option `model_class`, config.json `model_type`, GGUF
 /// `general.architecture`): the Llama-shaped ones and Gemma 3.
 pub fn text_architectures() -> Vec<&'static str> {
-    let mut names = llama::ARCHITECTURES.to_vec();
+    let mut names: Vec<_> = LLAMA_SHAPED.iter().map(|(name, _)| *name).collect();
     names.push(gemma3::ARCHITECTURE);
     names
+}
+
+/// The `model_type`s (GGUF `general.architecture`s) the Llama-shaped [`Decoder`] runs, each
+/// with what loads its family's blocks.
+const LLAMA_SHAPED: &[(&str, BlockLoader)] = &[
+    ("llama", llama::block),
+    ("mistral", llama::block),
+    ("qwen2", llama::block),
+    ("smollm", llama::block),
+    ("qwen3", qwen3::block),
+    ("phi3", phi3::block),
+];
+
+/// Whether `model_type` is one the Llama-shaped [`Decoder`] runs.
+pub fn is_llama_shaped(model_type: &str) -> bool {
+    LLAMA_SHAPED.iter().any(|(name, _)| *name == model_type)
+}
+
+/// The Llama-shaped decoder of `cfg.model_type`'s family, every tensor from `src`.
+pub fn load_decoder(
+    cfg: LlamaConfig,
+    src: &mut dyn WeightSource,
+    opts: BuildOptions,
+) -> LoadResult<Decoder> {
+    let Some(&(_, block)) = LLAMA_SHAPED
+        .iter()
+        .find(|(name, _)| *name == cfg.model_type)
+    else {
+        return Err(format!(
+            "unknown architecture {:?}; supported: {}",
+            cfg.model_type,
+            text_architectures().join(", ")
+        ));
+    };
+    Decoder::load(cfg, block, src, opts)
+}
+
+/// How to build the model besides its config.
+pub struct BuildOptions {
+    pub dtype: DType,
+    pub device: Device,
+    pub format: WeightFormat,
+    pub attention: Arc<dyn Attention>,
+    /// Longest context to prepare RoPE tables for.
+    pub max_context: usize,
+    /// The most bytes the weights may take (None: no limit); see `crate::memory::fit`.
+    pub memory_budget: Option<u64>,
+    /// How states store keys and values: f32, or f16 (`kv_cache_dtype`).
+    pub kv_dtype: DType,
 }
 
 /// Which positions of a forward pass need logits.
@@ -146,13 +202,6 @@ impl TpStyle {
         }
     }
 }
-
-/// One block of a pipeline plan: its name, input names and output names.
-pub type PipelineStage = (
-    &'static str,
-    &'static [&'static str],
-    &'static [&'static str],
-);
 
 /// Checks a declared tensor-parallel plan: every style is colwise or rowwise.
 pub fn validate_tp_plan(

@@ -9,8 +9,7 @@
 //! partial rotations. The sliding window is applied as the file declares it (Transformers does;
 //! llama.cpp 0.3.36 ignores Phi-3's), which only matters past the window (2047 for mini-4k).
 
-use super::decoder::{Block, GateUp, LoadResult, Loader, Qkv};
-use super::llama::LlamaConfig;
+use super::decoder::{Block, GateUp, LlamaConfig, LoadResult, Loader, Qkv};
 
 /// Block `i`: fused `qkv_proj` and `gate_up_proj`, with Llama's norms, `o_proj` and `down_proj`.
 pub fn block(l: &mut Loader<'_>, cfg: &LlamaConfig, i: usize) -> LoadResult<Block> {

@@ -5,8 +5,7 @@
 //! against), candle-transformers `models/qwen3.rs`, Transformers `models/qwen3/modeling_qwen3.py`.
 //! GGUF files keep Hugging Face's q/k row order: RoPE rotates halves (llama.cpp's NEOX mode).
 
-use super::decoder::{Block, LoadResult, Loader};
-use super::llama::LlamaConfig;
+use super::decoder::{Block, LlamaConfig, LoadResult, Loader};
 
 /// Block `i`: [`super::llama::block`] plus `self_attn.q_norm` and `self_attn.k_norm`.
 pub fn block(l: &mut Loader<'_>, cfg: &LlamaConfig, i: usize) -> LoadResult<Block> {

@@ -14,9 +14,9 @@ use lmhost_plugin_kit::text::ModelText;
 
 use super::Loaded;
 use crate::memory::WeightBytes;
-use crate::models::decoder::Decoder;
+use crate::models::decoder::LlamaConfig;
 use crate::models::gemma3::{self, Gemma3, Gemma3Config};
-use crate::models::llama::{BuildOptions, LlamaConfig};
+use crate::models::BuildOptions;
 use crate::models::CausalLm;
 use crate::weights::{check_shape, Weight, WeightSource};
 
@@ -134,7 +134,7 @@ fn config(
     has_output: bool,
 ) -> Result<LlamaConfig, String> {
     let arch = architecture(meta)?;
-    if !crate::models::llama::ARCHITECTURES.contains(&arch.as_str()) {
+    if !crate::models::is_llama_shaped(&arch) {
         return Err(format!(
             "unknown architecture {arch:?}; supported: {}",
             crate::models::text_architectures().join(", ")
@@ -231,7 +231,7 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
         device: build.device.clone(),
     };
     let model: Box<dyn CausalLm> = match cfg {
-        Config::Llama(cfg) => Box::new(Decoder::load(cfg, &mut source, build)?),
+        Config::Llama(cfg) => Box::new(crate::models::load_decoder(cfg, &mut source, build)?),
         Config::Gemma3(cfg) => Box::new(Gemma3::load(cfg, &mut source, build)?),
     };
     Ok(Loaded {

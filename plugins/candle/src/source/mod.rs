@@ -13,7 +13,7 @@ use std::path::Path;
 use lmhost_plugin_api::PluginError;
 use lmhost_plugin_kit::text::ModelText;
 
-use crate::models::llama::BuildOptions;
+use crate::models::BuildOptions;
 use crate::models::CausalLm;
 
 /// A model ready to run, with what prompting it needs.

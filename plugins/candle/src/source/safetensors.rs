@@ -14,9 +14,9 @@ use serde_json::Value;
 
 use super::Loaded;
 use crate::memory::WeightBytes;
-use crate::models::decoder::Decoder;
+use crate::models::decoder::LlamaConfig;
 use crate::models::gemma3::{self, Gemma3, Gemma3Config};
-use crate::models::llama::{BuildOptions, LlamaConfig, ARCHITECTURES};
+use crate::models::BuildOptions;
 use crate::models::{text_architectures, CausalLm};
 use crate::weights::{check_shape, Weight, WeightSource};
 
@@ -304,7 +304,7 @@ pub fn load(
     let at_config = |e: String| format!("{}: {e}", files.config.display());
     let cfg = if gemma3::MODEL_TYPES.contains(&arch.as_str()) {
         Config::Gemma3(gemma3_config(&config_json).map_err(at_config)?)
-    } else if ARCHITECTURES.contains(&arch.as_str()) {
+    } else if crate::models::is_llama_shaped(&arch) {
         let mut cfg: LlamaConfig =
             serde_json::from_value(config_json.clone()).map_err(|e| at_config(e.to_string()))?;
         cfg.model_type = arch;
@@ -330,7 +330,7 @@ pub fn load(
     let stored_prompts =
         crate::weights::stored_prompts(build.format, bytes.quantized(), build.dtype, &build.device);
     let model: Box<dyn CausalLm> = match cfg {
-        Config::Llama(cfg) => Box::new(Decoder::load(cfg, &mut source, build)?),
+        Config::Llama(cfg) => Box::new(crate::models::load_decoder(cfg, &mut source, build)?),
         Config::Gemma3(gemma) => Box::new(Gemma3::load(gemma.cfg, &mut source, build)?),
     };
     Ok(Loaded {

@@ -19,11 +19,12 @@ use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
 
-use super::decoder::{embedding, LoadResult, Loader, RmsNorm, EMBED};
+use super::decoder::{embedding, LoadResult, Loader, EMBED};
 use super::glu::{self, Act};
-use super::llama::BuildOptions;
+use super::norm::RmsNorm;
 use super::rope::{Rope, RopeRows};
 use super::step::{self, Workspace};
+use super::BuildOptions;
 use super::{attend_packed, packed_logits, PackedRows, Seq};
 use crate::attention::Attention;
 use crate::kv::KvState;
