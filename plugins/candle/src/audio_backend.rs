@@ -21,7 +21,7 @@ use lmhost_plugin_api::{
 use serde_json::{Map, Value};
 
 use crate::models::whisper::model::CrossKv;
-use crate::models::whisper::{self, Loaded};
+use crate::models::whisper::{self, LoadedWhisper};
 use crate::options::{Settings, DEFAULT_MAX_AUDIO_SECONDS};
 use crate::processor::WhisperProcessor;
 
@@ -73,7 +73,7 @@ impl SpeechModel {
 /// An audio-capable model with its processor.
 pub struct AudioBackend {
     model_id: String,
-    loaded: Loaded,
+    loaded: LoadedWhisper,
     processor: WhisperProcessor,
     /// (hash of the 16 kHz samples, their count) to encoded windows, most recent last.
     encoded: Vec<(AudioKey, Arc<Vec<CrossKv>>)>,
@@ -121,7 +121,7 @@ impl AudioBackend {
         }
     }
 
-    pub fn loaded(&self) -> &Loaded {
+    pub fn loaded(&self) -> &LoadedWhisper {
         &self.loaded
     }
 

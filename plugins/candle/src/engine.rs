@@ -27,7 +27,7 @@ use lmhost_plugin_kit::text::{logprob_of, TextFrontEnd};
 use crate::attention::Hidden;
 use crate::kv::KvState;
 use crate::models::{mean_rows, CausalLm, Forward, Logits, Seq};
-use crate::source::Loaded;
+use crate::source::LoadedLm;
 use crate::weights;
 
 /// Rows per forward pass of one long sequence (bounds activation memory); a sequence longer
@@ -129,12 +129,12 @@ fn rows(t: &Tensor) -> Result<Vec<Vec<f32>>, PluginError> {
 impl Engine {
     /// `chat_template` is the backend option (a file, or `"plain"`), which overrides the model's.
     pub fn new(
-        loaded: Loaded,
+        loaded: LoadedLm,
         max_context: usize,
         chat_template: Option<&str>,
         model_id: &str,
     ) -> Result<Self, PluginError> {
-        let Loaded {
+        let LoadedLm {
             model,
             text,
             stored_prompts,

@@ -12,7 +12,7 @@ use candle_core::Device;
 use lmhost_plugin_kit::gguf::Metadata;
 use lmhost_plugin_kit::text::ModelText;
 
-use super::Loaded;
+use super::LoadedLm;
 use crate::memory::WeightBytes;
 use crate::models::decoder::LlamaConfig;
 use crate::models::gemma3::{self, Gemma3, Gemma3Config};
@@ -200,7 +200,7 @@ pub fn text(path: &Path) -> Result<ModelText, String> {
 }
 
 /// Loads a GGUF file; every error names what was wrong (the caller adds the path).
-pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
+pub fn load(path: &Path, mut build: BuildOptions) -> Result<LoadedLm, String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let mut reader = BufReader::new(file);
     let content =
@@ -234,7 +234,7 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<Loaded, String> {
         Config::Llama(cfg) => Box::new(crate::models::load_decoder(cfg, &mut source, build)?),
         Config::Gemma3(cfg) => Box::new(Gemma3::load(cfg, &mut source, build)?),
     };
-    Ok(Loaded {
+    Ok(LoadedLm {
         model,
         text,
         stored_prompts,

@@ -17,7 +17,7 @@ use crate::models::BuildOptions;
 use crate::models::CausalLm;
 
 /// A model ready to run, with what prompting it needs.
-pub struct Loaded {
+pub struct LoadedLm {
     pub model: Box<dyn CausalLm>,
     pub text: ModelText,
     /// A generation's prompt runs through the decode copies ([`crate::weights::stored_prompts`]).
@@ -65,7 +65,7 @@ pub fn load(
     revision: &str,
     model_class: Option<&str>,
     build: BuildOptions,
-) -> Result<Loaded, PluginError> {
+) -> Result<LoadedLm, PluginError> {
     match find(model_id)? {
         Found::Gguf(path) => gguf::load(path, build).map_err(|e| unavailable(path, e)),
         Found::Dir(path) => safetensors::Files::in_dir(path)

@@ -12,7 +12,7 @@ use candle_core::{DType, Device};
 use lmhost_plugin_kit::text::ModelText;
 use serde_json::Value;
 
-use super::Loaded;
+use super::LoadedLm;
 use crate::memory::WeightBytes;
 use crate::models::decoder::LlamaConfig;
 use crate::models::gemma3::{self, Gemma3, Gemma3Config};
@@ -288,7 +288,7 @@ pub fn load(
     files: &Files,
     model_class: Option<&str>,
     mut build: BuildOptions,
-) -> Result<Loaded, String> {
+) -> Result<LoadedLm, String> {
     let config_text = read(&files.config)?;
     let config_json: Value = serde_json::from_str(&config_text)
         .map_err(|e| format!("{}: {e}", files.config.display()))?;
@@ -333,7 +333,7 @@ pub fn load(
         Config::Llama(cfg) => Box::new(crate::models::load_decoder(cfg, &mut source, build)?),
         Config::Gemma3(gemma) => Box::new(Gemma3::load(gemma.cfg, &mut source, build)?),
     };
-    Ok(Loaded {
+    Ok(LoadedLm {
         model,
         text,
         stored_prompts,

@@ -95,7 +95,7 @@ impl SpecialTokens {
 }
 
 /// A loaded Whisper: the network, its tokenizer and the tokens decoding needs.
-pub struct Loaded {
+pub struct LoadedWhisper {
     pub model: Whisper,
     pub tokenizer: Tokenizer,
     pub tokens: SpecialTokens,
@@ -138,7 +138,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, PluginError
 /// Loads the Whisper checkpoint in `dir`: `model.bin` (CTranslate2) if present, else
 /// `model.safetensors` with `config.json` (Hugging Face); `tokenizer.json` in both cases. The
 /// network computes in `dtype` on `device`.
-pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Loaded, PluginError> {
+pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<LoadedWhisper, PluginError> {
     let file = |name: &str| dir.join(name);
     let unavailable = |path: PathBuf, e: String| {
         PluginError::unavailable(format!("cannot load Whisper from {}: {e}", path.display()))
@@ -171,7 +171,7 @@ pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Loaded, PluginE
     let multilingual = model.config.vocab_size >= 51865;
     let tokens = SpecialTokens::from_tokenizer(&tokenizer, multilingual)
         .map_err(|e| unavailable(file("tokenizer.json"), e))?;
-    Ok(Loaded {
+    Ok(LoadedWhisper {
         model,
         tokenizer,
         tokens,

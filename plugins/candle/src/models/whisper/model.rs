@@ -212,17 +212,17 @@ pub struct CrossKv(Vec<(Tensor, Tensor)>);
 
 /// The text decoder; its output projection is tied to the token embedding.
 #[derive(Debug, Clone)]
-pub struct Decoder {
+pub struct TextDecoder {
     embed: Tensor,
     positions: Tensor,
     layers: Vec<DecoderLayer>,
     ln: LayerNorm,
 }
 
-impl Decoder {
+impl TextDecoder {
     fn load(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let d = cfg.d_model;
-        Ok(Decoder {
+        Ok(TextDecoder {
             embed: vb.get((cfg.vocab_size, d), "embed_tokens.weight")?,
             positions: vb.get((cfg.max_target_positions, d), "embed_positions.weight")?,
             layers: (0..cfg.decoder_layers)
@@ -314,7 +314,7 @@ fn causal_mask(n: usize, offset: usize, device: &candle_core::Device) -> Result<
 #[derive(Debug, Clone)]
 pub struct Whisper {
     pub encoder: Encoder,
-    pub decoder: Decoder,
+    pub decoder: TextDecoder,
     pub config: Config,
 }
 
@@ -323,7 +323,7 @@ impl Whisper {
     pub fn load(vb: VarBuilder, config: Config) -> Result<Self> {
         Ok(Whisper {
             encoder: Encoder::load(&config, vb.pp("model.encoder"))?,
-            decoder: Decoder::load(&config, vb.pp("model.decoder"))?,
+            decoder: TextDecoder::load(&config, vb.pp("model.decoder"))?,
             config,
         })
     }
