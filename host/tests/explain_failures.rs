@@ -9,7 +9,7 @@ use lmhost::{Config, ConversationSnapshot, Host};
 use lmhost_plugin_api::author::root_module;
 use lmhost_plugin_api::{
     Backend, Capabilities, GenerationConfig, GenerationRecord, Message, OptionSpec, PluginContext,
-    PluginError, Role, ScoreRecord,
+    PluginError, Role, ScoreRecord, TokenDelta,
 };
 
 /// While set, scoring a prompt that holds the word "poison" fails.
@@ -41,30 +41,41 @@ impl Backend for Flaky {
         }
     }
 
-    fn generate(
+    fn generate_stream(
         &self,
         _: &ConversationSnapshot,
         _: &GenerationConfig,
+        _: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
         Ok(GenerationRecord::from_text("fine"))
     }
 
-    fn score(&self, snapshot: &ConversationSnapshot, _: &str) -> Result<ScoreRecord, PluginError> {
-        let texts: Vec<String> = snapshot.messages().map(|m| m.text_content()).collect();
-        if POISONED.load(Ordering::SeqCst) && texts.iter().any(|t| t.contains("poison")) {
-            return Err(PluginError::invalid_input("poisoned prompt"));
-        }
-        let words = texts
-            .iter()
-            .map(|t| t.split_whitespace().count())
-            .sum::<usize>();
-        Ok(ScoreRecord {
-            token_ids: vec![1].into(),
-            logprobs: vec![-(words as f32)].into(),
-            prompt_tokens: words as u32,
-            cached_prompt_tokens: 0,
-        })
+    fn score_batch(
+        &self,
+        snapshots: &[ConversationSnapshot],
+        _: &str,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        snapshots.iter().map(score).collect()
     }
+}
+
+/// One word's log-probability per word of the prompt; a prompt holding "poison" fails once
+/// [`POISONED`] is set.
+fn score(snapshot: &ConversationSnapshot) -> Result<ScoreRecord, PluginError> {
+    let texts: Vec<String> = snapshot.messages().map(|m| m.text_content()).collect();
+    if POISONED.load(Ordering::SeqCst) && texts.iter().any(|t| t.contains("poison")) {
+        return Err(PluginError::invalid_input("poisoned prompt"));
+    }
+    let words = texts
+        .iter()
+        .map(|t| t.split_whitespace().count())
+        .sum::<usize>();
+    Ok(ScoreRecord {
+        token_ids: vec![1].into(),
+        logprobs: vec![-(words as f32)].into(),
+        prompt_tokens: words as u32,
+        cached_prompt_tokens: 0,
+    })
 }
 
 #[test]

@@ -5,7 +5,7 @@ use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::OptionKind::Bool;
 use lmhost_plugin_api::{
     export_plugin, Backend, ConversationSnapshot, GenerationConfig, GenerationRecord, OptionSpec,
-    PluginContext, PluginError,
+    PluginContext, PluginError, TokenDelta,
 };
 
 pub struct Echo {
@@ -31,10 +31,12 @@ impl Backend for Echo {
         self.model_id.clone()
     }
 
-    fn generate(
+    /// Makes the whole reply, then hands it over at once.
+    fn generate_stream(
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
+        sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
         let last = snapshot
             .messages()
@@ -51,7 +53,9 @@ impl Backend for Echo {
         } else {
             text
         };
-        Ok(GenerationRecord::from_text(text))
+        let record = GenerationRecord::from_text(text);
+        sink(&TokenDelta::from(&record));
+        Ok(record)
     }
 }
 

@@ -40,31 +40,39 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Capabilities::default()
     }
 
+    /// The reply to `snapshot` with nobody watching its tokens: [`Backend::generate_stream`]
+    /// with a sink that takes them all. Override it where a whole reply is cheaper to get.
     fn generate(
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
-    ) -> Result<GenerationRecord, PluginError>;
+    ) -> Result<GenerationRecord, PluginError> {
+        self.generate_stream(snapshot, config, &mut |_| true)
+    }
 
+    /// The log-probabilities of `reply` after one prompt: [`Backend::score_batch`] of it.
     fn score(
         &self,
-        _snapshot: &ConversationSnapshot,
-        _reply: &str,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
     ) -> Result<ScoreRecord, PluginError> {
+        self.score_batch(std::slice::from_ref(snapshot), reply)?
+            .pop()
+            .ok_or_else(|| PluginError::internal("score_batch gave no record for one prompt"))
+    }
+
+    /// The log-probabilities of `reply` after each prompt, one record each, in order; a
+    /// backend that scores computes as many at once as it can (one batched pass, concurrent
+    /// requests). Unsupported unless overridden.
+    fn score_batch(
+        &self,
+        _snapshots: &[ConversationSnapshot],
+        _reply: &str,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
         Err(PluginError::unsupported(format!(
             "backend `{}` cannot score continuations",
             Self::NAME
         )))
-    }
-
-    /// `score` of `reply` after each prompt, in order. Override it when the backend can do
-    /// better than one prompt at a time (one batched pass, concurrent requests).
-    fn score_batch(
-        &self,
-        snapshots: &[ConversationSnapshot],
-        reply: &str,
-    ) -> Result<Vec<ScoreRecord>, PluginError> {
-        snapshots.iter().map(|s| self.score(s, reply)).collect()
     }
 
     fn set_kv_cache(&self, _settings: KvCacheSettings) -> Result<(), PluginError> {
@@ -97,19 +105,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         )))
     }
 
-    /// `generate`, handing tokens to `sink` as they come; `sink` answering `false` stops
-    /// generation (see [`GenerationBackend::generate_stream`]). The default hands the whole
-    /// reply over at once.
+    /// The reply to `snapshot`, its tokens handed to `sink` as they come; `sink` answering
+    /// `false` stops generation (see [`GenerationBackend::generate_stream`]). A backend that
+    /// makes its reply whole hands it over once: `sink(&TokenDelta::from(&record))`.
     fn generate_stream(
         &self,
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
-    ) -> Result<GenerationRecord, PluginError> {
-        let record = self.generate(snapshot, config)?;
-        sink(&TokenDelta::from(&record));
-        Ok(record)
-    }
+    ) -> Result<GenerationRecord, PluginError>;
 
     /// `generate` after each prompt, in order. Override it when the backend can do better than
     /// one prompt at a time (sequences decoded together, concurrent requests).

@@ -123,14 +123,6 @@ impl Backend for Candle {
         }
     }
 
-    fn generate(
-        &self,
-        snapshot: &ConversationSnapshot,
-        config: &GenerationConfig,
-    ) -> Result<GenerationRecord, PluginError> {
-        self.generate_stream(snapshot, config, &mut |_| true)
-    }
-
     /// A text model hands out each token as it is sampled; Whisper the whole transcript.
     fn generate_stream(
         &self,
@@ -170,16 +162,6 @@ impl Backend for Candle {
             self.counts.add_generation(self.caching(), record);
         }
         Ok(records)
-    }
-
-    fn score(
-        &self,
-        snapshot: &ConversationSnapshot,
-        reply: &str,
-    ) -> Result<ScoreRecord, PluginError> {
-        self.score_batch(std::slice::from_ref(snapshot), reply)?
-            .pop()
-            .ok_or_else(|| PluginError::internal("no score record"))
     }
 
     /// A text model runs the prompts in packed passes; a speech model scores one at a time.

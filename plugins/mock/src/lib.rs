@@ -90,14 +90,6 @@ impl Backend for Mock {
         }
     }
 
-    fn generate(
-        &self,
-        snapshot: &ConversationSnapshot,
-        config: &GenerationConfig,
-    ) -> Result<GenerationRecord, PluginError> {
-        self.generate_stream(snapshot, config, &mut |_| true)
-    }
-
     /// Hands out the reply a word at a time (after `token_latency_ms` each), stopping early
     /// when `sink` says so: how a real backend streams.
     fn generate_stream(
@@ -132,20 +124,26 @@ impl Backend for Mock {
         Ok(record)
     }
 
-    fn score(
+    /// One prompt at a time, each through the prefix cache.
+    fn score_batch(
         &self,
-        snapshot: &ConversationSnapshot,
+        snapshots: &[ConversationSnapshot],
         reply: &str,
-    ) -> Result<ScoreRecord, PluginError> {
-        let prompt = prompt_words(snapshot)?;
-        let cached = self.run_prompt(&prompt);
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
         let words: Vec<&str> = reply.split_whitespace().collect();
-        Ok(ScoreRecord {
-            token_ids: words.iter().map(|w| token_id(w)).collect(),
-            logprobs: continuation_logprobs(&prompt, &words).into(),
-            prompt_tokens: prompt.len() as u32,
-            cached_prompt_tokens: cached,
-        })
+        snapshots
+            .iter()
+            .map(|snapshot| {
+                let prompt = prompt_words(snapshot)?;
+                let cached = self.run_prompt(&prompt);
+                Ok(ScoreRecord {
+                    token_ids: words.iter().map(|w| token_id(w)).collect(),
+                    logprobs: continuation_logprobs(&prompt, &words).into(),
+                    prompt_tokens: prompt.len() as u32,
+                    cached_prompt_tokens: cached,
+                })
+            })
+            .collect()
     }
 
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {

@@ -70,14 +70,6 @@ impl Backend for Onnx {
         }
     }
 
-    fn generate(
-        &self,
-        snapshot: &ConversationSnapshot,
-        config: &GenerationConfig,
-    ) -> Result<GenerationRecord, PluginError> {
-        self.generate_stream(snapshot, config, &mut |_| true)
-    }
-
     /// Hands out each token as it is sampled.
     fn generate_stream(
         &self,
@@ -92,16 +84,6 @@ impl Backend for Onnx {
             .with_store(|store| engine.generate(snapshot, config, store, sink))?;
         self.counts.add_generation(self.caching(), &record);
         Ok(record)
-    }
-
-    fn score(
-        &self,
-        snapshot: &ConversationSnapshot,
-        reply: &str,
-    ) -> Result<ScoreRecord, PluginError> {
-        self.score_batch(std::slice::from_ref(snapshot), reply)?
-            .pop()
-            .ok_or_else(|| PluginError::internal("no score record"))
     }
 
     fn score_batch(
