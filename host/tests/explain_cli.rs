@@ -9,7 +9,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::repo;
+use common::{repo, values};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lmhost");
 
@@ -54,15 +54,6 @@ fn ok(output: Output) -> String {
 
 fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn values(doc: &Value) -> Vec<f64> {
-    doc["players"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["value"].as_f64().unwrap())
-        .collect()
 }
 
 #[test]

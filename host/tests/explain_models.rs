@@ -2,53 +2,21 @@
 //! Whisper over an audio conversation. Needs `scripts/fetch-models` (the test command runs it).
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::Value;
 
 mod common;
 
-use common::repo;
-
-fn require(model: &str) {
-    let path = repo().join("models").join(model);
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-models",
-        path.display()
-    );
-}
+use common::{explain_json, repo, require, values};
 
 /// Runs `lmhost explain` and returns its JSON document.
 fn explain(dir: &Path, name: &str, args: &[&str]) -> Value {
-    let json = dir.join(format!("{name}.json"));
-    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
-        .current_dir(repo())
-        .args(["-q", "explain", "--json"])
-        .arg(&json)
-        .args(args)
-        .output()
-        .expect("lmhost runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
-}
-
-fn values(result: &Value) -> Vec<f64> {
-    result["players"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["value"].as_f64().unwrap())
-        .collect()
+    explain_json(&dir.join(format!("{name}.json")), args)
 }
 
 #[test]
 fn smollm2_attributions_are_the_same_with_the_prefix_cache_on_and_off() {
-    require("smollm2");
+    require("models/smollm2", "fetch-models");
     let dir = tempfile::tempdir().unwrap();
     // Exact Shapley over the user's five messages (32 coalitions) keeps CI quick; the
     // benchmark (scripts/bench-explain) runs all eight.
@@ -101,7 +69,7 @@ fn smollm2_attributions_are_the_same_with_the_prefix_cache_on_and_off() {
 /// apart from `delete`'s in the run directory, and `--reanalyze` replays them.
 #[test]
 fn smollm2_hide_finds_the_needle_for_a_fraction_of_delete_s_tokens() {
-    require("smollm2");
+    require("models/smollm2", "fetch-models");
     let dir = tempfile::tempdir().unwrap();
     let places = ["library", "bakery", "bank", "cinema", "market", "school"];
     let mut sentences: Vec<String> = places
@@ -185,7 +153,7 @@ fn smollm2_hide_finds_the_needle_for_a_fraction_of_delete_s_tokens() {
 
 #[test]
 fn whisper_attributions_over_an_audio_conversation() {
-    require("whisper-tiny.en");
+    require("models/whisper-tiny.en", "fetch-models");
     let dir = tempfile::tempdir().unwrap();
     let conversation = dir.path().join("audio.json");
     let wav = repo().join("examples/audio.wav");

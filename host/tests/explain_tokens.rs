@@ -10,45 +10,27 @@ use serde_json::Value;
 
 mod common;
 
-use common::repo;
+use common::{explain_json, require};
 
 /// Exact Shapley of `answer_logprob` over the example's five user messages, as JSON and HTML.
 fn explain(dir: &Path) -> (Value, PathBuf) {
-    let model = repo().join("models/smollm2");
-    assert!(
-        model.exists(),
-        "{} is missing: run scripts/fetch-models",
-        model.display()
-    );
+    require("models/smollm2", "fetch-models");
     let (json, html) = (dir.join("e.json"), dir.join("e.html"));
-    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
-        .current_dir(repo())
-        .args(["-q", "explain", "--config", "configs/default.toml"])
-        .args([
-            "--conversation",
-            "examples/conversation.json",
-            "--roles",
-            "user",
-        ])
-        .args([
-            "--estimator",
-            "exact",
-            "--value",
-            "answer_logprob",
-            "--json",
-        ])
-        .arg(&json)
-        .arg("--html")
-        .arg(&html)
-        .output()
-        .expect("lmhost runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let document = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
-    (document, html)
+    let args = [
+        "--config".as_ref(),
+        "configs/default.toml".as_ref(),
+        "--conversation".as_ref(),
+        "examples/conversation.json".as_ref(),
+        "--roles".as_ref(),
+        "user".as_ref(),
+        "--estimator".as_ref(),
+        "exact".as_ref(),
+        "--value".as_ref(),
+        "answer_logprob".as_ref(),
+        "--html".as_ref(),
+        html.as_os_str(),
+    ];
+    (explain_json::<&std::ffi::OsStr>(&json, &args), html)
 }
 
 fn numbers(v: &Value) -> Vec<f64> {

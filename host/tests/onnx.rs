@@ -3,7 +3,6 @@
 //! candle's f32 path. Both run as plugin libraries from `target/`, as users load them.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use lmhost::config::Config;
 use lmhost::{Backend, Host};
@@ -12,22 +11,16 @@ use serde_json::Value;
 
 mod common;
 
-use common::repo;
-
-fn require(path: PathBuf) -> PathBuf {
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/setup-onnx",
-        path.display()
-    );
-    path
-}
+use common::{explain_json, require, values};
 
 /// Config files for both backends in `dir`: (onnx, candle).
 fn configs(dir: &Path) -> (PathBuf, PathBuf) {
-    let export = require(repo().join("models/smollm2-onnx"));
-    let library = require(repo().join("models/onnxruntime/libonnxruntime.so.1.32.0"));
-    let gguf = require(repo().join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let export = require("models/smollm2-onnx", "setup-onnx");
+    let library = require("models/onnxruntime/libonnxruntime.so.1.32.0", "setup-onnx");
+    let gguf = require(
+        "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "fetch-models",
+    );
     let onnx = dir.join("onnx.toml");
     std::fs::write(
         &onnx,
@@ -132,35 +125,20 @@ fn onnx_and_candle_agree_on_tokens_and_logprobs() {
 }
 
 fn explain(config: &Path, reply: Option<&str>, out: &Path) -> Value {
-    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
-        .current_dir(repo())
-        .args(["-q", "explain", "--config"])
-        .arg(config)
-        .args(reply.map(|r| format!("--reply={r}")))
-        .args([
-            "--conversation",
-            "examples/conversation.json",
-            "--roles",
-            "user",
-            "--estimator",
-            "exact",
-            "--json",
-        ])
-        .arg(out)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{}: {stderr}", config.display());
-    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
-}
-
-fn values(result: &Value) -> Vec<f64> {
-    result["players"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["value"].as_f64().unwrap())
-        .collect()
+    let mut args: Vec<std::ffi::OsString> = vec!["--config".into(), config.into()];
+    args.extend(reply.map(|r| format!("--reply={r}").into()));
+    let rest = [
+        "--conversation",
+        "examples/conversation.json",
+        "--roles",
+        "user",
+    ];
+    args.extend(
+        rest.into_iter()
+            .chain(["--estimator", "exact"])
+            .map(Into::into),
+    );
+    explain_json(out, &args)
 }
 
 /// `lmhost explain` (exact Shapley over the example's five user messages, 32 coalitions, the

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::repo;
+use common::{explain_json, repo, values};
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -207,27 +207,15 @@ fn the_openai_backend_against_llama_cpp_python() {
 
 /// Runs `lmhost explain` with `config` and returns its JSON document.
 fn explain(config: &Path, conversation: &Path, reply: &str, out: &Path) -> Value {
-    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
-        .args(["-q", "explain", "--config"])
-        .arg(config)
-        .arg("--conversation")
-        .arg(conversation)
-        .args(["--reply", reply, "--json"])
-        .arg(out)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{}: {stderr}", config.display());
-    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
-}
-
-fn values(result: &Value) -> Vec<f64> {
-    result["players"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["value"].as_f64().unwrap())
-        .collect()
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--conversation".as_ref(),
+        conversation.as_os_str(),
+        "--reply".as_ref(),
+        reply.as_ref(),
+    ];
+    explain_json::<&std::ffi::OsStr>(out, &args)
 }
 
 /// Exact Shapley through the engine agrees with the candle backend on the same Q4_1 weights

@@ -20,6 +20,43 @@ pub fn repo() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `path` under the repository's root, which the script `setup` puts in place; a test that
+/// finds it missing fails saying so.
+pub fn require(path: &str, setup: &str) -> std::path::PathBuf {
+    let path = repo().join(path);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/{setup}",
+        path.display()
+    );
+    path
+}
+
+/// Runs `lmhost -q explain --json <json> <args>` from the repository's root, checks that it
+/// succeeds, and returns the JSON document.
+pub fn explain_json<S: AsRef<std::ffi::OsStr>>(json: &Path, args: &[S]) -> Value {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lmhost"))
+        .current_dir(repo())
+        .args(["-q", "explain", "--json"])
+        .arg(json)
+        .args(args)
+        .output()
+        .expect("lmhost runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "lmhost explain failed: {stderr}");
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+/// Each player's value, in the report's order.
+pub fn values(report: &Value) -> Vec<f64> {
+    report["players"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["value"].as_f64().unwrap())
+        .collect()
+}
+
 /// A host with mock linked in. Other plugins load from their libraries, found next to the test
 /// executable (`target/*/deps`): the `openai` plugin's library crate is a dev-dependency so
 /// that cargo builds it there.
