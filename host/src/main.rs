@@ -49,10 +49,9 @@ fn chain(err: &dyn std::error::Error) -> Vec<String> {
 /// candle plugin's `tune_thread_env`, which the host cannot call: plugins load at run time).
 /// `RAYON_NUM_THREADS` to rayon's own default (the available parallelism): candle reads it on
 /// every f32 matrix product and, when it is missing, counts the physical cores from
-/// `/proc/cpuinfo` and sysfs each time, about a fifth of a decode step on SmolLM2.
+/// `/proc/cpuinfo` and sysfs each time, a large part of a small model's decode step.
 /// `CANDLE_BARRIER_POOL_SPIN_LIMIT=0`: candle's own pool for large elementwise ops otherwise
-/// spins after each, on the cores the next matrix product needs (128-token prefill 10-24%
-/// slower). Done first, while the process has one thread, so no other thread reads the
+/// spins after each, on the cores the next matrix product needs. Done first, while the process has one thread, so no other thread reads the
 /// environment as it changes.
 fn tune_thread_env() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {

@@ -95,7 +95,7 @@ pub struct TextTokenizer {
     kind: String,
     tokens: Vec<String>,
     /// Ids below this decode. Computed once: `Tokenizer::get_vocab_size` looks every added
-    /// token up in the model's vocabulary, which cost Gemma 3's decode 5% per streamed token.
+    /// token up in the model's vocabulary, too slow to repeat per streamed token.
     decodable: usize,
     ids: TextIds,
     bos: Option<u32>,

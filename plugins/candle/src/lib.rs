@@ -35,10 +35,9 @@ use lmhost_plugin_kit::prefix_cache::TokenCounts;
 
 /// Sets, where unset, what candle 0.11's CPU thread pools read from the environment, as the
 /// `lmhost` binary does first thing: `RAYON_NUM_THREADS` (without it candle counts the cores
-/// from `/proc` on every f32 matrix product: a fifth of a SmolLM2 decode step) and
+/// from `/proc` on every f32 matrix product, a large part of a small model's decode step) and
 /// `CANDLE_BARRIER_POOL_SPIN_LIMIT=0` (candle's own pool for large elementwise ops otherwise
-/// spins after each, on the cores the next matrix product needs: 128-token prefill 10-24%
-/// slower). Call it while the process has one thread: a thread reading the environment as it
+/// spins after each, on the cores the next matrix product needs). Call it while the process has one thread: a thread reading the environment as it
 /// changes is undefined behaviour.
 pub fn tune_thread_env() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {

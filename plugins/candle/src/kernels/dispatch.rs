@@ -375,8 +375,7 @@ fn pairwise<W, X>(dot: impl Fn(&[W], &[X]) -> f32) -> impl TileDot<W, X> {
 /// The same values on every path; with AVX2, [`BlockQ8`]s in vector code of its own and the
 /// K-quants' blocks in the scalar code compiled for it.
 /// `lhs`, rows of `k` values, quantized: a prompt's many rows in parallel, [`ROWS`] at a
-/// time (on one thread, 128 rows of SmolLM2 took 5% of their prefill with the other core
-/// idle), a few decode rows on this thread.
+/// time (on one thread they leave the other cores idle), a few decode rows on this thread.
 pub(super) fn quantize<X: Activations>(path: Path, lhs: &[f32], k: usize, out: &mut Vec<X>) {
     out.clear();
     out.resize_with(lhs.len() / X::VALUES, || X::ZERO);

@@ -36,8 +36,8 @@ use dispatch::{Cpu, Kind, Quantized};
 /// Activation rows one pass over the weights serves: each weight block is loaded and unpacked
 /// once for all of them (where the path can), which is what makes a packed pass of a few
 /// decode rows cheaper than as many single-row passes. Eight: a packed pass of eight
-/// sequences unpacks each block once (9% faster than two tiles of four on SmolLM2), and the
-/// AVX-512 kernels' eight accumulators still leave registers for the unpacked block.
+/// sequences unpacks each block once rather than twice, and the AVX-512 kernels' eight
+/// accumulators still leave registers for the unpacked block.
 pub const ROWS: usize = 8;
 
 /// Weight rows computed together, one per 128-bit lane of the AVX-512 kernels.
@@ -329,10 +329,9 @@ impl Scratch {
 
 /// Writes each `(n, m)` result of `transposed` into its `(m, n)` destination, in parallel:
 /// over blocks of [`ROWS`] destination rows, each column of a block [`ROWS`] adjacent values
-/// to read and each row written in order (column by column on one thread, the writes, a row
-/// apart each, had taken 6% of a 128-row SmolLM2 prefill with the other core idle); and a
-/// decode pass's one block over [`SPANS`] spans of columns (as one task, SmolLM2's output
-/// layer alone, 8 rows of 49152, kept the other core idle for 3.5% of an 8-client `serve`).
+/// to read and each row written in order (writes a row apart each stall on memory); and a
+/// decode pass's one block over [`SPANS`] spans of columns (one task for a wide output layer
+/// would leave the other cores idle).
 fn untranspose(transposed: &[&mut [f32]], dsts: &mut [&mut [f32]], m: usize) {
     transposed
         .par_iter()
