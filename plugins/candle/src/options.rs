@@ -246,6 +246,11 @@ pub fn tensor_parallel_plan() -> Result<Vec<(String, crate::models::TpStyle)>, S
     crate::models::validate_tp_plan(crate::models::decoder::TP_PLAN)
 }
 
+/// The model's pipeline plan: its top-level blocks in order, each with its inputs and outputs.
+pub fn pipeline_plan() -> &'static [crate::models::PipelineStage] {
+    crate::models::decoder::PP_PLAN
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +317,12 @@ mod tests {
         let plan = tensor_parallel_plan().unwrap();
         assert_eq!(plan.len(), 7);
         assert!(crate::models::validate_tp_plan(&[("layers.*.x", "diagonal")]).is_err());
+        // The stages run from the token ids to the last hidden states, and the first is the
+        // module whose tensor the loader reads as the token table.
+        let stages = pipeline_plan();
+        assert_eq!(stages.first().map(|s| s.1), Some(&["input_ids"][..]));
+        assert_eq!(stages.last().map(|s| s.2), Some(&["hidden_states"][..]));
+        let embed = format!("model.{}.", stages[0].0);
+        assert!(crate::models::decoder::EMBED.starts_with(&embed));
     }
 }

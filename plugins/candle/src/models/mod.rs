@@ -203,6 +203,13 @@ impl TpStyle {
     }
 }
 
+/// One block of a pipeline plan: its name, input names and output names.
+pub type PipelineStage = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
 /// Checks a declared tensor-parallel plan: every style is colwise or rowwise.
 pub fn validate_tp_plan(
     plan: &[(&str, &str)],

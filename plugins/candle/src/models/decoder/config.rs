@@ -72,6 +72,17 @@ pub const TP_PLAN: &[(&str, &str)] = &[
     ("layers.*.mlp.down_proj", "rowwise"),
 ];
 
+/// Pipeline plan (`base_model_pp_plan`): each top-level block with its inputs and outputs.
+pub const PP_PLAN: &[crate::models::PipelineStage] = &[
+    ("embed_tokens", &["input_ids"], &["inputs_embeds"]),
+    (
+        "layers",
+        &["hidden_states", "attention_mask"],
+        &["hidden_states"],
+    ),
+    ("norm", &["hidden_states"], &["hidden_states"]),
+];
+
 impl LlamaConfig {
     pub fn kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use candle_core::{DType, Result, Tensor};
 
 pub use block::{embedding, Block, BlockLoader, GateUp, LoadResult, Loader, Qkv, EMBED};
-pub use config::{LlamaConfig, TP_PLAN};
+pub use config::{LlamaConfig, PP_PLAN, TP_PLAN};
 
 use super::glu::{self, Act};
 use super::norm::RmsNorm;
