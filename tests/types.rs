@@ -3,7 +3,7 @@
 use lmhost_plugin_api::abi_stable::std_types::RVec;
 use lmhost_plugin_api::{
     Audio, BackendStats, ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord,
-    Message, Part, Role, ScoreRecord, Turn,
+    Image, Message, Part, Role, ScoreRecord, Turn,
 };
 
 fn conversation() -> ConversationSnapshot {
@@ -42,6 +42,49 @@ fn snapshot_id_is_stable_across_runs_and_platforms() {
     let other = ConversationSnapshot::from_prompt("Hi");
     assert_ne!(other.snapshot_id, conversation().snapshot_id);
     assert_eq!(other.snapshot_id.len(), 16);
+}
+
+/// An image's pixels cross as base64 in JSON, and its snapshot id and digest are pinned:
+/// both were computed with Python (`json.dumps(turns, separators=(",", ":"))` and
+/// `hashlib.sha256`) over the same turns and bytes.
+#[test]
+fn images_serialize_as_base64_with_pinned_ids() {
+    let image = Image::new(2, 1, vec![255, 0, 0, 0, 0, 255]).unwrap();
+    let snapshot = ConversationSnapshot::new(vec![Turn {
+        messages: RVec::from(vec![Message {
+            role: Role::User,
+            parts: RVec::from(vec![
+                Part::Image {
+                    image: image.clone(),
+                },
+                Part::text("Which colours?"),
+            ]),
+        }]),
+    }])
+    .unwrap();
+    let json = serde_json::to_string(&snapshot.turns).unwrap();
+    assert!(json.contains(r#"{"type":"image","image":{"width":2,"height":1,"rgb":"/wAAAAD/"}}"#));
+    assert_eq!(snapshot.snapshot_id.as_str(), "b14b05d2fa89a208");
+    assert_eq!(
+        image.digest(),
+        "f3af430e13dd816087336909d367c27528063ad18e8488448ef614a0d0a818be"
+    );
+    let back: ConversationSnapshot =
+        serde_json::from_str(&serde_json::to_string(&snapshot).unwrap()).unwrap();
+    assert_eq!(back, snapshot);
+    assert!(back.has_images() && !back.has_audio());
+    assert!(
+        format!("{image:?}").len() < 40,
+        "Debug leaves the pixels out"
+    );
+}
+
+#[test]
+fn images_must_hold_their_pixels() {
+    for (w, h, len) in [(2, 1, 5), (0, 1, 0), (1, 0, 0), (2, 2, 6)] {
+        let err = Image::new(w, h, vec![0; len]).unwrap_err();
+        assert!(err.message.contains(&format!("{w}x{h}")), "{err}");
+    }
 }
 
 #[test]

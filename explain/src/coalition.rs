@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use lmhost_plugin_api::{Audio, ConversationSnapshot, Message, Part, Role, Turn};
+use lmhost_plugin_api::{Audio, ConversationSnapshot, Image, Message, Part, Role, Turn};
 
 use super::players::Players;
 use super::settings::Absence;
@@ -126,24 +126,50 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
     ConversationSnapshot::new(turns).expect("rendered turns are never empty")
 }
 
-/// A rendered message's parts: its text, then its audio, which stays while any of the message's
-/// players is present and otherwise (only under `Pad`) becomes silence of the same length, the
-/// audio counterpart of a placeholder.
+/// A rendered message's parts: its text, with its audio and images where they were (those
+/// before the message's first text part stay before the text, the rest follow it). They stay
+/// while any of the message's players is present and otherwise (only under `Pad`) become
+/// their blank counterparts of the same size, as a player's text becomes the placeholder:
+/// silence, or a black image.
 fn rebuilt_parts(original: &Message, text: String, present: bool) -> Vec<Part> {
+    let first_text = original
+        .parts
+        .iter()
+        .position(|part| matches!(part, Part::Text { .. }))
+        .unwrap_or(original.parts.len());
+    let media = |range: std::ops::Range<usize>| {
+        original.parts[range]
+            .iter()
+            .filter_map(move |part| kept_or_blank(part, present))
+    };
     let text = (!text.is_empty()).then(|| Part::text(text));
-    let audio = original.parts.iter().filter_map(|part| match part {
-        Part::Audio { audio } if present => {
-            Some(part.clone()).filter(|_| !audio.samples.is_empty())
-        }
+    media(0..first_text)
+        .chain(text)
+        .chain(media(first_text..original.parts.len()))
+        .collect()
+}
+
+/// A media part as it is when its message is `present`, else its blank counterpart; `None`
+/// for text (rendered apart) and for empty audio.
+fn kept_or_blank(part: &Part, present: bool) -> Option<Part> {
+    match part {
+        Part::Text { .. } => None,
+        Part::Audio { audio } if audio.samples.is_empty() => None,
+        Part::Audio { .. } | Part::Image { .. } if present => Some(part.clone()),
         Part::Audio { audio } => Some(Part::Audio {
             audio: Audio {
                 samples: vec![0.0; audio.samples.len()].into(),
                 sample_rate: audio.sample_rate,
             },
         }),
-        Part::Text { .. } => None,
-    });
-    text.into_iter().chain(audio).collect()
+        Part::Image { image } => Some(Part::Image {
+            image: Image {
+                width: image.width,
+                height: image.height,
+                rgb: vec![0; image.rgb.len()].into(),
+            },
+        }),
+    }
 }
 
 /// A message's text under a coalition, or `None` when it is dropped or holds no player.
@@ -315,5 +341,52 @@ mod tests {
         let padded = render(&p, &Coalition::from_members(2, [0]), &Absence::pad("_"));
         let silenced = padded.messages().nth(1).unwrap();
         assert_eq!(silenced.parts.as_slice(), [audio(vec![0.0; 3])]);
+    }
+
+    /// An image keeps its place before or after its message's text in every coalition, and
+    /// an absent one is dropped (delete) or blacked out at its size (pad).
+    #[test]
+    fn images_keep_their_place_and_are_dropped_or_blanked() {
+        let image = |v: u8| Part::Image {
+            image: Image::new(2, 1, vec![v; 6]).unwrap(),
+        };
+        let messages = vec![
+            Message::text(Role::System, "Describe pictures."),
+            Message {
+                role: Role::User,
+                parts: vec![image(200), Part::text("What is this? Be brief.")].into(),
+            },
+            Message {
+                role: Role::User,
+                parts: vec![image(90)].into(),
+            },
+        ];
+        let conversation = ConversationSnapshot::new(vec![Turn {
+            messages: messages.into(),
+        }])
+        .unwrap();
+        let sentences = PlayerSpec {
+            granularity: Granularity::Sentences,
+            ..PlayerSpec::default()
+        };
+        let p = Players::split(&conversation, &sentences).unwrap();
+        assert_eq!(p.players()[3].text, "[image 2x1]");
+        // The user's second sentence absent: the image still comes first.
+        let some = Coalition::from_members(p.len(), [0, 1, 3]);
+        let rendered = render(&p, &some, &Absence::Delete);
+        let asked = rendered.messages().nth(1).unwrap();
+        assert_eq!(
+            asked.parts.as_slice(),
+            [image(200), Part::text("What is this? ")]
+        );
+        let deleted = render(&p, &Coalition::from_members(p.len(), [0]), &Absence::Delete);
+        assert!(!deleted.has_images());
+        let padded = render(
+            &p,
+            &Coalition::from_members(p.len(), [0, 1, 2]),
+            &Absence::pad("_"),
+        );
+        let blanked = padded.messages().nth(2).unwrap();
+        assert_eq!(blanked.parts.as_slice(), [image(0)]);
     }
 }

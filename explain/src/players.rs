@@ -88,9 +88,16 @@ impl Players {
                 let selected = (spec.turns.is_empty() || chosen_turns.contains(&t))
                     && (spec.roles.is_empty() || spec.roles.contains(&message.role));
                 if selected {
-                    let spans = split_text(&message.text_content(), spec.granularity);
+                    let text = message.text_content();
+                    // A message of audio or images alone is one player at any granularity.
+                    let whole = text.is_empty() && (message.has_audio() || message.has_images());
+                    let granularity = match whole {
+                        true => Granularity::Messages,
+                        false => spec.granularity,
+                    };
+                    let spans = split_text(&text, granularity);
                     for (k, span) in spans.into_iter().enumerate() {
-                        let id = match spec.granularity {
+                        let id = match granularity {
                             // `auto` starts from messages (see `hierarchy`).
                             Granularity::Messages | Granularity::Auto => format!("m{global}"),
                             Granularity::Sentences => format!("m{global}.s{k}"),
@@ -212,23 +219,25 @@ impl Players {
     }
 }
 
-/// What a report shows for a player: its text, or for an audio-only message its length.
+/// What a report shows for a player: its text, or for a message of audio and images alone,
+/// what each part is (`[audio 3.2 s]`, `[image 640x480]`).
 fn player_text(message: &Message, text: &str) -> String {
-    let seconds: f64 = message
+    if !text.is_empty() {
+        return text.to_string();
+    }
+    let media: Vec<String> = message
         .parts
         .iter()
         .filter_map(|part| match part {
-            Part::Audio { audio } if audio.sample_rate > 0 => {
-                Some(audio.samples.len() as f64 / f64::from(audio.sample_rate))
-            }
+            Part::Audio { audio } if audio.sample_rate > 0 => Some(format!(
+                "[audio {:.1} s]",
+                audio.samples.len() as f64 / f64::from(audio.sample_rate)
+            )),
+            Part::Image { image } => Some(format!("[image {}x{}]", image.width, image.height)),
             _ => None,
         })
-        .sum();
-    if text.is_empty() && message.has_audio() {
-        format!("[audio {seconds:.1} s]")
-    } else {
-        text.to_string()
-    }
+        .collect();
+    media.join(" ")
 }
 
 /// Byte ranges of the players in one message's text.

@@ -47,8 +47,9 @@ pub fn schedule(rendered: &[ConversationSnapshot], sort: bool) -> Schedule {
 /// The prompt as one string: each message's role and parts in order, with control characters
 /// marking the boundaries, so equal keys mean equal prompts and a shared key prefix means a
 /// shared prompt prefix. Text is kept as it is (its control characters `\u{0}`..`\u{5}`
-/// escaped, so no text reads as a boundary); audio is its [`audio_digest`], so a minute of
-/// audio adds 66 characters, not its samples.
+/// escaped, so no text reads as a boundary); audio is its [`audio_digest`] and an image its
+/// [`Image::digest`](lmhost_plugin_api::Image::digest), so a minute of audio or a photo adds
+/// a few dozen characters, not its samples or pixels.
 pub fn content_key(prompt: &ConversationSnapshot) -> String {
     let mut key = String::new();
     for turn in prompt.turns.iter() {
@@ -61,6 +62,11 @@ pub fn content_key(prompt: &ConversationSnapshot) -> String {
                     Part::Audio { audio } => {
                         key.push('\u{4}');
                         key.push_str(&audio_digest(audio));
+                    }
+                    Part::Image { image } => {
+                        key.push('\u{4}');
+                        key.push_str("image:");
+                        key.push_str(&image.digest());
                     }
                 }
                 key.push('\u{2}');
@@ -183,6 +189,18 @@ mod tests {
         };
         assert_ne!(audio_digest(&audio), audio_digest(&other_rate));
         assert_eq!(audio_digest(&audio).len(), 64);
+        // Images key by their pixels and size: one changed byte or another shape is another
+        // prompt, and an image never keys like text or audio.
+        let image = |w: u32, rgb: Vec<u8>| Part::Image {
+            image: lmhost_plugin_api::Image::new(w, 6 / w, rgb).unwrap(),
+        };
+        let picture = of(vec![image(2, vec![7; 18])]);
+        assert_eq!(picture, of(vec![image(2, vec![7; 18])]));
+        let mut changed = vec![7; 18];
+        changed[17] = 8;
+        assert_ne!(picture, of(vec![image(2, changed)]));
+        assert_ne!(picture, of(vec![image(3, vec![7; 18])]));
+        assert!(picture.len() < 90, "{picture}");
     }
 
     #[test]

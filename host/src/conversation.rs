@@ -15,6 +15,13 @@
 //! {"type": "audio", "pcm_base64": "AAD/fw==", "sample_rate": 16000}
 //! {"type": "audio", "pcm_base64": "...", "sample_rate": 48000, "format": "f32le", "channels": 2}
 //! ```
+//!
+//! Image parts name a PNG, JPEG, WebP or GIF file relative to the conversation file, or carry
+//! its bytes as base64 (see [`crate::images`]):
+//! ```json
+//! {"type": "image", "path": "cat.png"}
+//! {"type": "image", "data_base64": "iVBORw0KGgo..."}
+//! ```
 
 use std::path::Path;
 
@@ -22,8 +29,8 @@ use lmhost_plugin_api::abi_stable::std_types::RVec;
 use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, Turn};
 use serde::Deserialize;
 
-use crate::audio;
 use crate::error::{Error, Result};
+use crate::{audio, images};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,11 +45,27 @@ struct FileMessage {
     content: Content,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 enum Content {
     Text(String),
     Parts(Vec<FilePart>),
+}
+
+/// A string, or a list of parts whose errors say what is wrong with a part (serde's untagged
+/// enums say only that nothing matched).
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(text) => Ok(Content::Text(text)),
+            parts @ serde_json::Value::Array(_) => serde_json::from_value(parts)
+                .map(Content::Parts)
+                .map_err(D::Error::custom),
+            other => Err(D::Error::custom(format!(
+                "`content` is a string or a list of parts, not {other}"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -58,11 +81,16 @@ enum FilePart {
         format: Option<String>,
         channels: Option<u16>,
     },
+    Image {
+        path: Option<String>,
+        data_base64: Option<String>,
+    },
 }
 
 impl FilePart {
-    /// The part for a backend; audio is decoded, `path` is relative to `base`.
-    fn into_part(self, base: &Path, source: &Path) -> Result<Part> {
+    /// The part for a backend; audio and images are decoded, `path` is relative to `base`;
+    /// `what` names the part in errors.
+    fn into_part(self, base: &Path, source: &Path, what: &str) -> Result<Part> {
         let invalid = |message: &str| Error::Conversation {
             path: source.to_path_buf(),
             message: message.into(),
@@ -108,6 +136,22 @@ impl FilePart {
                 "an audio part needs `path` (a WAV file relative to this file) or `pcm_base64` \
                  with `sample_rate`",
             )),
+            FilePart::Image {
+                path: Some(file),
+                data_base64: None,
+            } => Ok(Part::Image {
+                image: images::read(&base.join(file), what)?,
+            }),
+            FilePart::Image {
+                path: None,
+                data_base64: Some(data),
+            } => Ok(Part::Image {
+                image: images::decode_base64(&data, source, what)?,
+            }),
+            FilePart::Image { .. } => Err(invalid(&format!(
+                "{what}: an image part needs one of `path` (an image file relative to this \
+                 file) and `data_base64` (the file's bytes as base64)"
+            ))),
         }
     }
 }
@@ -143,16 +187,19 @@ pub fn parse(text: &str, path: &Path) -> Result<ConversationSnapshot> {
     let messages = file
         .messages
         .into_iter()
-        .map(|m| {
-            let parts = match m.content {
+        .enumerate()
+        .map(|(m, message)| {
+            let parts = match message.content {
                 Content::Text(text) => RVec::from(vec![Part::text(text)]),
-                Content::Parts(parts) => parts
-                    .into_iter()
-                    .map(|p| p.into_part(base, path))
+                Content::Parts(parts) => (parts.into_iter().enumerate())
+                    .map(|(p, part)| {
+                        let what = format!("message {}, part {}", m + 1, p + 1);
+                        part.into_part(base, path, &what)
+                    })
                     .collect::<Result<RVec<Part>>>()?,
             };
             Ok(Message {
-                role: m.role,
+                role: message.role,
                 parts,
             })
         })
@@ -220,5 +267,76 @@ mod tests {
         assert!(text.contains("robot"), "{text}");
         let err = parse_str(r#"{"messages": []}"#).unwrap_err();
         assert!(err.to_string().contains("at least one message"), "{err}");
+    }
+
+    /// A 2x1 PNG (a red and a blue pixel) in `dir`, and its bytes.
+    fn png(dir: &Path) -> Vec<u8> {
+        let image = image::RgbImage::from_raw(2, 1, vec![255, 0, 0, 0, 0, 255]).unwrap();
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        image.write_to(&mut bytes, image::ImageFormat::Png).unwrap();
+        std::fs::write(dir.join("dot.png"), bytes.get_ref()).unwrap();
+        bytes.into_inner()
+    }
+
+    #[test]
+    fn image_parts_read_a_file_beside_the_conversation_or_inline_base64() {
+        use base64::Engine as _;
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = png(dir.path());
+        let inline = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        let text = format!(
+            r#"{{"messages": [{{"role": "user", "content": [
+                {{"type": "image", "path": "dot.png"}},
+                {{"type": "text", "text": "Which colours?"}},
+                {{"type": "image", "data_base64": "{inline}"}}
+            ]}}]}}"#
+        );
+        let snapshot = parse(&text, &dir.path().join("c.json")).unwrap();
+        let parts = &snapshot.turns[0].messages[0].parts;
+        let (Part::Image { image: a }, Part::Image { image: b }) = (&parts[0], &parts[2]) else {
+            panic!("{parts:?}");
+        };
+        assert_eq!((a.width, a.height), (2, 1));
+        assert_eq!(a.rgb.as_slice(), &[255, 0, 0, 0, 0, 255]);
+        assert_eq!(a, b);
+        assert!(snapshot.has_images());
+    }
+
+    #[test]
+    fn bad_image_parts_name_the_message_and_part() {
+        let dir = tempfile::tempdir().unwrap();
+        png(dir.path());
+        let cases = [
+            (
+                r#"{"type": "image"}"#,
+                "message 2, part 1: an image part needs one of `path`",
+            ),
+            (
+                r#"{"type": "image", "path": "dot.png", "data_base64": "AA=="}"#,
+                "needs one of `path`",
+            ),
+            (
+                r#"{"type": "image", "path": "missing.png"}"#,
+                "message 2, part 1: cannot read",
+            ),
+            (
+                r#"{"type": "image", "data_base64": "aGVsbG8="}"#,
+                "PNG, JPEG, WebP or GIF",
+            ),
+            (
+                r#"{"type": "image", "url": "http://x/cat.png"}"#,
+                "unknown field `url`",
+            ),
+        ];
+        for (part, expected) in cases {
+            let text = format!(
+                r#"{{"messages": [{{"role": "system", "content": "x"}},
+                    {{"role": "user", "content": [{part}]}}]}}"#
+            );
+            let err = parse(&text, &dir.path().join("c.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{part}: {err}");
+        }
     }
 }

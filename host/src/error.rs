@@ -29,6 +29,11 @@ pub enum Error {
     #[error("{}: {message}", path.display())]
     Audio { path: PathBuf, message: String },
 
+    /// A bad image in a conversation or request (not an image, corrupt, empty, too large);
+    /// `path` is the image file, or the conversation file for inline data.
+    #[error("{}: {message}", path.display())]
+    Image { path: PathBuf, message: String },
+
     #[error("no plugin named `{name}`; {}", SearchReport(searched, found))]
     PluginNotFound {
         name: String,
@@ -65,11 +70,11 @@ pub enum Error {
 }
 
 impl Error {
-    /// The stable kind, where there is one: a plugin error's own, `InvalidInput` for bad audio.
+    /// The stable kind, where there is one: a plugin error's own, `InvalidInput` for bad audio or images.
     pub fn plugin_kind(&self) -> Option<ErrorKind> {
         match self {
             Error::Plugin { source, .. } => Some(source.kind),
-            Error::Audio { .. } => Some(ErrorKind::InvalidInput),
+            Error::Audio { .. } | Error::Image { .. } => Some(ErrorKind::InvalidInput),
             _ => None,
         }
     }

@@ -77,6 +77,7 @@ pub mod conversation;
 pub mod error;
 pub use lmhost_explain as explain;
 pub mod explain_run;
+pub mod images;
 pub mod logging;
 pub mod outcome;
 pub mod plugins;

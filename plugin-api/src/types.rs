@@ -45,6 +45,83 @@ pub struct Audio {
     pub sample_rate: u32,
 }
 
+/// An image as RGB pixels, 8 bits a channel, row by row from the top left, upright (the host
+/// has applied its EXIF orientation). In JSON the pixels are base64, not an array of numbers.
+#[repr(C)]
+#[derive(StableAbi, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    pub width: u32,
+    pub height: u32,
+    /// `width * height * 3` bytes.
+    #[serde(with = "pixels")]
+    pub rgb: RVec<u8>,
+}
+
+impl Image {
+    /// An image of `width x height` pixels from `rgb`, refused unless it holds exactly
+    /// `width * height` RGB pixels and neither side is zero.
+    pub fn new(width: u32, height: u32, rgb: Vec<u8>) -> Result<Self, PluginError> {
+        let expected = u64::from(width) * u64::from(height) * 3;
+        if width == 0 || height == 0 || rgb.len() as u64 != expected {
+            return Err(PluginError::invalid_input(format!(
+                "an image of {width}x{height} pixels needs {expected} RGB bytes, not {}",
+                rgb.len()
+            )));
+        }
+        Ok(Image {
+            width,
+            height,
+            rgb: rgb.into(),
+        })
+    }
+
+    /// Hex sha256 of the width and height (u32 little-endian) and the pixels: equal exactly
+    /// when the images are, pixel for pixel.
+    pub fn digest(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(self.width.to_le_bytes());
+        hasher.update(self.height.to_le_bytes());
+        hasher.update(self.rgb.as_slice());
+        hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// Debug without the pixels, which would flood a log.
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("width", &self.width)
+            .field("height", &self.height)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pixels as base64 in JSON: a third larger than the bytes, where an array of numbers is about
+/// four times larger and slow to hash (a snapshot's id hashes its JSON).
+mod pixels {
+    use abi_stable::std_types::RVec;
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(rgb: &RVec<u8>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(rgb.as_slice()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RVec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        STANDARD
+            .decode(text)
+            .map(RVec::from)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// One piece of a message.
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,6 +129,7 @@ pub struct Audio {
 pub enum Part {
     Text { text: RString },
     Audio { audio: Audio },
+    Image { image: Image },
 }
 
 impl Part {
@@ -79,19 +157,23 @@ impl Message {
         }
     }
 
-    /// The text parts joined; audio parts contribute nothing.
+    /// The text parts joined; audio and images contribute nothing.
     pub fn text_content(&self) -> String {
         self.parts
             .iter()
             .filter_map(|part| match part {
                 Part::Text { text } => Some(text.as_str()),
-                Part::Audio { .. } => None,
+                Part::Audio { .. } | Part::Image { .. } => None,
             })
             .collect()
     }
 
     pub fn has_audio(&self) -> bool {
         self.parts.iter().any(|p| matches!(p, Part::Audio { .. }))
+    }
+
+    pub fn has_images(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Image { .. }))
     }
 }
 
@@ -199,6 +281,10 @@ impl ConversationSnapshot {
 
     pub fn has_audio(&self) -> bool {
         self.messages().any(Message::has_audio)
+    }
+
+    pub fn has_images(&self) -> bool {
+        self.messages().any(Message::has_images)
     }
 }
 

@@ -56,6 +56,11 @@ impl PromptFormat {
                 "this is a text backend; the conversation has audio",
             ));
         }
+        if snapshot.has_images() {
+            return Err(PluginError::unsupported(format!(
+                "model `{model}` reads text only; the conversation has an image"
+            )));
+        }
         if snapshot.is_raw() {
             return Ok(Prompt {
                 text: snapshot.raw_text(),

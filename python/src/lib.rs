@@ -325,7 +325,10 @@ fn raise(py: Python<'_>, error: Error) -> PyErr {
     let class = match &error {
         Error::Config { .. } => "ConfigError",
         Error::Io { .. } | Error::Write { .. } | Error::RunStore { .. } => "FileError",
-        Error::Conversation { .. } | Error::Audio { .. } | Error::Invalid(_) => "InvalidInputError",
+        Error::Conversation { .. }
+        | Error::Audio { .. }
+        | Error::Image { .. }
+        | Error::Invalid(_) => "InvalidInputError",
         Error::PluginNotFound { .. } | Error::NotAPlugin { .. } | Error::IncompatiblePlugin(_) => {
             "PluginNotFoundError"
         }

@@ -114,6 +114,14 @@ pub fn stored_prompt_json(prompt: &ConversationSnapshot) -> String {
                                     "samples": audio.samples.len(),
                                 },
                             }),
+                            Part::Image { image } => serde_json::json!({
+                                "type": "image",
+                                "image": {
+                                    "sha256": image.digest(),
+                                    "width": image.width,
+                                    "height": image.height,
+                                },
+                            }),
                         })
                         .collect();
                     serde_json::json!({"role": m.role, "parts": parts})

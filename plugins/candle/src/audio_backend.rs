@@ -151,6 +151,15 @@ impl AudioBackend {
                     }
                     Part::Text { text } if !text.trim().is_empty() => texts.push(text.trim()),
                     Part::Text { .. } => {}
+                    Part::Image { .. } => {
+                        return Err(PluginError::invalid_input(format!(
+                            "message {}, part {} is an image; model `{}` is a speech-to-text \
+                             model (Whisper) and takes audio and text",
+                            m + 1,
+                            p + 1,
+                            self.model_id
+                        )))
+                    }
                 }
             }
         }

@@ -72,7 +72,7 @@ impl TextModel {
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
         pool: &rayon::ThreadPool,
     ) -> Result<GenerationRecord, PluginError> {
-        self.refuse_audio(snapshot)?;
+        self.refuse_media(snapshot)?;
         let engine = self.engine(pool)?;
         let started = self.prompts.start(snapshot, |group| {
             self.with_store(|store| {
@@ -94,7 +94,7 @@ impl TextModel {
     ) -> Result<Vec<GenerationRecord>, PluginError> {
         snapshots
             .iter()
-            .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
+            .try_for_each(|snapshot| self.refuse_media(snapshot))?;
         let engine = self.engine(pool)?;
         let mut records = Vec::with_capacity(snapshots.len());
         for (g, group) in snapshots.chunks(kernels::ROWS).enumerate() {
@@ -158,7 +158,7 @@ impl TextModel {
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         snapshots
             .iter()
-            .try_for_each(|snapshot| self.refuse_audio(snapshot))?;
+            .try_for_each(|snapshot| self.refuse_media(snapshot))?;
         let engine = self.engine(pool)?;
         self.with_store(|store| install(pool, || engine.score_batch(snapshots, reply, store)))
     }
@@ -170,7 +170,7 @@ impl TextModel {
         hiding: (&[TextSpan], &[Vec<u32>], u32),
         pool: &rayon::ThreadPool,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        self.refuse_audio(snapshot)?;
+        self.refuse_media(snapshot)?;
         let engine = self.engine(pool)?;
         self.with_store(|store| {
             install(pool, || engine.score_hidden(snapshot, reply, hiding, store))
@@ -183,7 +183,7 @@ impl TextModel {
         add_special: bool,
         pool: &rayon::ThreadPool,
     ) -> Result<TokenizeRecord, PluginError> {
-        self.refuse_audio(snapshot)?;
+        self.refuse_media(snapshot)?;
         self.with_front(pool, |front| front.tokenize(snapshot, add_special))
     }
 
@@ -308,12 +308,19 @@ impl TextModel {
         )
     }
 
-    /// Audio sent to a text model is refused, naming the model.
-    fn refuse_audio(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
+    /// Audio or an image sent to a text model is refused, naming the model.
+    fn refuse_media(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
         if snapshot.has_audio() {
             return Err(PluginError::invalid_input(format!(
                 "audio snapshots need an audio model; `{}` loaded as a text-only causal \
                  language model (set `model_class = \"whisper\"` for a Whisper checkpoint)",
+                self.model_id
+            )));
+        }
+        if snapshot.has_images() {
+            return Err(PluginError::invalid_input(format!(
+                "the conversation has an image; `{}` loaded as a text-only causal language \
+                 model, which cannot see images",
                 self.model_id
             )));
         }

@@ -296,9 +296,9 @@ impl Mock {
 
 /// The prompt as words, with each chat message introduced by its role (raw text has none).
 fn prompt_words(snapshot: &ConversationSnapshot) -> Result<Vec<String>, PluginError> {
-    if snapshot.has_audio() {
+    if snapshot.has_audio() || snapshot.has_images() {
         return Err(PluginError::invalid_input(
-            "the mock backend takes text only",
+            "the mock backend takes text only; this conversation has audio or an image",
         ));
     }
     let words: Vec<String> = snapshot

@@ -199,9 +199,9 @@ impl Backend for OpenAi {
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
     ) -> Result<GenerationRecord, PluginError> {
-        if snapshot.has_audio() {
+        if snapshot.has_audio() || snapshot.has_images() {
             return Err(PluginError::invalid_input(
-                "the openai backend sends text only; this conversation has audio",
+                "the openai backend sends text only; this conversation has audio or an image",
             ));
         }
         let record = if snapshot.is_raw() {
@@ -226,7 +226,7 @@ impl Backend for OpenAi {
         config: &GenerationConfig,
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
     ) -> Result<GenerationRecord, PluginError> {
-        if snapshot.is_raw() || snapshot.has_audio() {
+        if snapshot.is_raw() || snapshot.has_audio() || snapshot.has_images() {
             let record = self.generate(snapshot, config)?;
             sink(&TokenDelta::from(&record));
             return Ok(record);
