@@ -395,6 +395,49 @@ fn malformed_requests_get_openai_errors_naming_the_field() {
     }
 }
 
+/// A chat's `image_url` parts are decoded from `data:` URLs and reach the backend (mock, text
+/// only, refuses them by name); a web URL, another scheme or bytes that are no image get a 400
+/// naming the part.
+#[test]
+fn image_urls_are_read_inline_and_web_urls_are_refused_by_name() {
+    use base64::Engine as _;
+    let server = TestServer::mock(0, |_| {});
+    let chat = server.url("/v1/chat/completions");
+    let mut png = std::io::Cursor::new(Vec::new());
+    image::RgbImage::from_pixel(3, 2, image::Rgb([9, 99, 199]))
+        .write_to(&mut png, image::ImageFormat::Png)
+        .unwrap();
+    let png = base64::engine::general_purpose::STANDARD.encode(png.get_ref());
+    let ask = |url: String| {
+        let content = json!([
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+        ]);
+        let body = json!({"model": MODEL, "messages": [{"role": "user", "content": content}]});
+        post(&chat, &body.to_string())
+    };
+    let answer = ask(format!("data:image/png;base64,{png}"));
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    let message = answer.json()["error"]["message"].to_string();
+    assert!(
+        message.contains("mock backend takes text only"),
+        "{message}"
+    );
+    let field = "messages[0].content[1].image_url.url";
+    for (url, expected) in [
+        ("https://example.com/cat.png", "does not fetch images"),
+        ("ftp://example.com/cat.png", "must be a data URL"),
+        ("data:image/png;base64,aGVsbG8=", "PNG, JPEG, WebP or GIF"),
+    ] {
+        let answer = ask(url.into());
+        assert_eq!(answer.status, 400, "{url}: {}", answer.body);
+        let error = &answer.json()["error"];
+        assert_eq!(error["param"], field, "{url}: {}", answer.body);
+        let message = error["message"].as_str().unwrap_or_default();
+        assert!(message.contains(expected), "{url}: {message}");
+    }
+}
+
 #[test]
 fn oversized_bodies_and_unknown_routes_get_error_bodies() {
     let server = TestServer::mock(0, |o| o.body_limit = 1024);

@@ -8,15 +8,10 @@ use serde_json::Value;
 
 mod common;
 
-use common::repo;
+use common::{repo, require};
 
 fn lmhost(args: &[&str]) -> Output {
-    let model = repo().join("models/smollm2");
-    assert!(
-        model.exists(),
-        "{} is missing: run scripts/fetch-models",
-        model.display()
-    );
+    require("models/smollm2", "fetch-models");
     Command::new(env!("CARGO_BIN_EXE_lmhost"))
         .current_dir(repo())
         .arg("-q")
@@ -189,4 +184,36 @@ fn the_serving_config_keeps_f16_keys_and_answers() {
     let tokens = ids(&record).len();
     assert!(tokens > 0, "{record}");
     assert_eq!(record["logprobs"].as_array().map(Vec::len), Some(tokens));
+}
+
+/// A conversation with an image: a broken image is refused naming its part before any model
+/// runs; a good one reaches SmolLM2, which refuses it naming itself as text-only.
+#[test]
+fn an_image_for_a_text_model_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut png = std::io::Cursor::new(Vec::new());
+    image::RgbImage::from_pixel(4, 4, image::Rgb([200, 30, 30]))
+        .write_to(&mut png, image::ImageFormat::Png)
+        .unwrap();
+    std::fs::write(dir.path().join("red.png"), png.get_ref()).unwrap();
+    std::fs::write(dir.path().join("broken.png"), &png.get_ref()[..20]).unwrap();
+    for (file, expected) in [
+        ("broken.png", "message 1, part 2: cannot decode as Png"),
+        (
+            "red.png",
+            "text-only causal language model, which cannot see images",
+        ),
+    ] {
+        let conversation = dir.path().join(format!("{file}.json"));
+        let content = serde_json::json!([
+            {"type": "text", "text": "What colour is this?"},
+            {"type": "image", "path": file},
+        ]);
+        let messages = serde_json::json!({"messages": [{"role": "user", "content": content}]});
+        std::fs::write(&conversation, messages.to_string()).unwrap();
+        let output = lmhost(&["generate", "--conversation", conversation.to_str().unwrap()]);
+        assert!(!output.status.success(), "{file}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{file}: {stderr}");
+    }
 }

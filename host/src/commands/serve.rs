@@ -41,8 +41,8 @@ pub struct Args {
     #[arg(long, default_value_t = 300)]
     timeout_s: u64,
 
-    /// Largest request body, in bytes.
-    #[arg(long, default_value_t = 4 << 20)]
+    /// Largest request body, in bytes: room for a photo or two sent inline as base64.
+    #[arg(long, default_value_t = 32 << 20)]
     body_limit: usize,
 
     /// Most tokens one reply may ask for (`max_tokens`); more gets a 400.

@@ -89,7 +89,7 @@ impl std::io::Write for HashWriter {
 }
 
 /// What a row shows of its prompt: the turns, with each audio part as its digest, rate and
-/// length instead of its samples.
+/// length instead of its samples, and each image as its digest and size.
 pub fn stored_prompt_json(prompt: &ConversationSnapshot) -> String {
     let turns: Vec<serde_json::Value> = prompt
         .turns
@@ -346,6 +346,17 @@ mod tests {
         let json = stored_prompt_json(&with_audio(vec![0.5; 1000]));
         assert!(
             json.contains("\"sha256\"") && json.contains("what is said?"),
+            "{json}"
+        );
+        assert!(json.len() < 300, "{json}");
+        let image = lmhost_plugin_api::Image::new(64, 64, vec![3; 64 * 64 * 3]).unwrap();
+        let mut pictured = with_audio(vec![0.5]);
+        pictured.turns[0].messages[0].parts[0] = Part::Image {
+            image: image.clone(),
+        };
+        let json = stored_prompt_json(&pictured);
+        assert!(
+            json.contains(&image.digest()) && json.contains("\"width\":64"),
             "{json}"
         );
         assert!(json.len() < 300, "{json}");

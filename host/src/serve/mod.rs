@@ -97,7 +97,7 @@ impl ServeOptions {
             workers: 4,
             queue_depth: 64,
             request_timeout: Duration::from_secs(300),
-            body_limit: 4 << 20,
+            body_limit: 32 << 20,
             api_key: None,
             limits: Limits::default(),
             stop: StopFlag::default(),

@@ -49,17 +49,45 @@ pub enum WireRole {
     Assistant,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
+}
+
+/// A string, or a list of parts whose errors say what is wrong with a part (serde's untagged
+/// enums say only that nothing matched).
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(text) => Ok(Content::Text(text)),
+            parts @ serde_json::Value::Array(_) => serde_json::from_value(parts)
+                .map(Content::Parts)
+                .map_err(D::Error::custom),
+            other => Err(D::Error::custom(format!(
+                "`content` is a string or a list of parts, not {other}"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ContentPart {
     Text { text: String },
+    ImageUrl { image_url: ImageUrl },
+}
+
+/// An image part's `image_url`: lmhost takes `data:` URLs (the image inline, base64).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageUrl {
+    pub url: String,
+    /// OpenAI's resolution hint; a model's processor decides the resolution, so it is read
+    /// and ignored.
+    #[serde(default)]
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
