@@ -1,0 +1,282 @@
+//! The multimodal processor contract, as the design document states it: a processor exposes
+//! the placeholder token that the model replaces with image features (`image_token` and its
+//! id), says how many placeholders an image of a given size needs (row, column, start and end
+//! markers not counted) and into how many patches it is cut, and marks each prompt position's
+//! modality, where an image's markers count as image so that each image is one contiguous run.
+//!
+//! Transformers' processors agree on the placeholders and their counts; they differ on the
+//! markers: Gemma 3's marks only its 256 soft tokens as image and leaves `<start_of_image>` and
+//! `<end_of_image>` at text, Idefics3's marks the whole run as this contract does.
+
+/// What a prompt position holds: the values of Transformers' `mm_token_type_ids`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Modality {
+    Text = 0,
+    Image = 1,
+    /// Reserved: no processor here takes video.
+    Video = 2,
+}
+
+/// What one image becomes in a prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageTokens {
+    /// Placeholder tokens, each replaced by one vector of image features.
+    pub tokens: usize,
+    /// The patches (tiles) the image is cut into, the whole image's view included.
+    pub patches: usize,
+}
+
+/// A vision-language model's processor, as far as the prompt is concerned.
+pub trait Processor: Send + Sync {
+    /// The placeholder token the model replaces with image features.
+    fn image_token(&self) -> &str;
+
+    fn image_token_id(&self) -> u32;
+
+    /// For each image size `(height, width)`, its placeholders and patches.
+    fn num_multimodal_tokens(&self, image_sizes: &[(u32, u32)]) -> Vec<ImageTokens> {
+        image_sizes
+            .iter()
+            .map(|&size| self.image_tokens(size))
+            .collect()
+    }
+
+    /// One image's placeholders and patches.
+    fn image_tokens(&self, size: (u32, u32)) -> ImageTokens;
+
+    /// The text an image of `size` (height, width) stands for in a prompt: its markers and
+    /// placeholders, as the model was trained to see them.
+    fn image_text(&self, size: (u32, u32)) -> String;
+
+    /// The modality of each of `ids`: an image's markers and placeholders are image.
+    fn modalities(&self, ids: &[u32]) -> Vec<Modality>;
+}
+
+/// The id of a token the processor needs, or an error naming it.
+pub fn token_id(vocab: impl Fn(&str) -> Option<u32>, token: &str) -> Result<u32, String> {
+    vocab(token).ok_or_else(|| {
+        format!("the tokenizer has no `{token}` token, which the model's processor needs")
+    })
+}
+
+/// Gemma 3's processor: every image is 256 soft tokens (a 4x4 average pool of SigLIP's 64x64
+/// patches) between `<start_of_image>` and `<end_of_image>`, with a blank line either side.
+pub struct Gemma3Processor {
+    start: u32,
+    soft: u32,
+    end: u32,
+    tokens_per_image: usize,
+}
+
+impl Gemma3Processor {
+    pub const START: &'static str = "<start_of_image>";
+    pub const SOFT: &'static str = "<image_soft_token>";
+    pub const END: &'static str = "<end_of_image>";
+
+    /// `tokens_per_image` is config.json's `mm_tokens_per_image`; `vocab` looks a token up.
+    pub fn new(
+        tokens_per_image: usize,
+        vocab: impl Fn(&str) -> Option<u32>,
+    ) -> Result<Self, String> {
+        Ok(Gemma3Processor {
+            start: token_id(&vocab, Self::START)?,
+            soft: token_id(&vocab, Self::SOFT)?,
+            end: token_id(&vocab, Self::END)?,
+            tokens_per_image,
+        })
+    }
+}
+
+impl Processor for Gemma3Processor {
+    fn image_token(&self) -> &str {
+        Self::SOFT
+    }
+
+    fn image_token_id(&self) -> u32 {
+        self.soft
+    }
+
+    /// Pan-and-scan crops are not made (Transformers' default): one view of each image.
+    fn image_tokens(&self, _size: (u32, u32)) -> ImageTokens {
+        ImageTokens {
+            tokens: self.tokens_per_image,
+            patches: 1,
+        }
+    }
+
+    fn image_text(&self, _size: (u32, u32)) -> String {
+        let soft = Self::SOFT.repeat(self.tokens_per_image);
+        format!("\n\n{}{soft}{}\n\n", Self::START, Self::END)
+    }
+
+    fn modalities(&self, ids: &[u32]) -> Vec<Modality> {
+        let mut inside = false;
+        ids.iter()
+            .map(|&id| {
+                let image = inside || id == self.start || id == self.soft;
+                inside = (inside || id == self.start) && id != self.end;
+                if image || id == self.end {
+                    Modality::Image
+                } else {
+                    Modality::Text
+                }
+            })
+            .collect()
+    }
+}
+
+/// Idefics3's processor (SmolVLM's too): the image is scaled so that its longest side is
+/// `longest_edge`, cut into tiles of `max_image_size` (row by row, each tile
+/// `<fake_token_around_image><row_r_col_c>` and `image_seq_len` placeholders, a newline after
+/// each row), and followed by the whole image scaled to one tile
+/// (`<fake_token_around_image><global-img>`, its placeholders, `<fake_token_around_image>`).
+pub struct Idefics3Processor {
+    longest_edge: u32,
+    max_image_size: u32,
+    image_seq_len: usize,
+    image: u32,
+    fake: u32,
+    global: u32,
+}
+
+impl Idefics3Processor {
+    pub const IMAGE: &'static str = "<image>";
+    pub const FAKE: &'static str = "<fake_token_around_image>";
+    pub const GLOBAL: &'static str = "<global-img>";
+    /// Transformers' bound on either side of the scaled image.
+    const MAX_SIDE: u32 = 4096;
+
+    /// From preprocessor_config.json's `size.longest_edge` and `max_image_size.longest_edge`
+    /// and processor_config.json's `image_seq_len`; `vocab` looks a token up.
+    pub fn new(
+        (longest_edge, max_image_size): (u32, u32),
+        image_seq_len: usize,
+        vocab: impl Fn(&str) -> Option<u32>,
+    ) -> Result<Self, String> {
+        if max_image_size == 0 || longest_edge == 0 {
+            return Err(format!(
+                "size.longest_edge {longest_edge} and max_image_size.longest_edge \
+                 {max_image_size} must be positive"
+            ));
+        }
+        Ok(Idefics3Processor {
+            longest_edge,
+            max_image_size,
+            image_seq_len,
+            image: token_id(&vocab, Self::IMAGE)?,
+            fake: token_id(&vocab, Self::FAKE)?,
+            global: token_id(&vocab, Self::GLOBAL)?,
+        })
+    }
+
+    /// The image's size, `(height, width)`, once scaled as the image processor scales it:
+    /// the longest side to `longest_edge` (the other kept in proportion, rounded up to even),
+    /// within [`Self::MAX_SIDE`], then each side up to a whole number of tiles.
+    pub fn scaled_size(&self, (height, width): (u32, u32)) -> (u32, u32) {
+        let (h, w) = (f64::from(height.max(1)), f64::from(width.max(1)));
+        let even = |v: u32| v + v % 2;
+        let (h, w) = if w >= h {
+            let h = even((f64::from(self.longest_edge) / (w / h)) as u32);
+            (h.max(1), self.longest_edge)
+        } else {
+            let w = even((f64::from(self.longest_edge) * (w / h)) as u32);
+            (self.longest_edge, w.max(1))
+        };
+        let (h, w) = below(h, w, Self::MAX_SIDE);
+        let tile = self.max_image_size;
+        let up = |v: u32| v.div_ceil(tile) * tile;
+        let aspect = f64::from(w) / f64::from(h);
+        if w >= h {
+            let w = up(w);
+            (up((f64::from(w) / aspect) as u32), w)
+        } else {
+            let h = up(h);
+            (h, up((f64::from(h) * aspect) as u32))
+        }
+    }
+
+    /// The tile rows and columns of an image of `size`, (0, 0) where it fits one tile.
+    pub fn grid(&self, size: (u32, u32)) -> (u32, u32) {
+        let (h, w) = self.scaled_size(size);
+        let tile = self.max_image_size;
+        if h > tile || w > tile {
+            ((h - tile) / tile + 1, (w - tile) / tile + 1)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
+/// `(height, width)` scaled down, in proportion, so that neither side exceeds `max`.
+fn below(h: u32, w: u32, max: u32) -> (u32, u32) {
+    let aspect = f64::from(w) / f64::from(h);
+    let (h, w) = if w >= h && w > max {
+        ((f64::from(max) / aspect) as u32, max)
+    } else if h > w && h > max {
+        (max, (f64::from(max) * aspect) as u32)
+    } else {
+        (h, w)
+    };
+    (h.max(1), w.max(1))
+}
+
+impl Processor for Idefics3Processor {
+    fn image_token(&self) -> &str {
+        Self::IMAGE
+    }
+
+    fn image_token_id(&self) -> u32 {
+        self.image
+    }
+
+    fn image_tokens(&self, size: (u32, u32)) -> ImageTokens {
+        let (rows, cols) = self.grid(size);
+        let patches = (rows * cols) as usize + 1;
+        ImageTokens {
+            tokens: patches * self.image_seq_len,
+            patches,
+        }
+    }
+
+    fn image_text(&self, size: (u32, u32)) -> String {
+        let placeholders = Self::IMAGE.repeat(self.image_seq_len);
+        let global = format!("{}{}{placeholders}{}", Self::FAKE, Self::GLOBAL, Self::FAKE);
+        let (rows, cols) = self.grid(size);
+        if rows == 0 {
+            return global;
+        }
+        let mut text = String::new();
+        for r in 1..=rows {
+            for c in 1..=cols {
+                text += &format!("{}<row_{r}_col_{c}>{placeholders}", Self::FAKE);
+            }
+            text.push('\n');
+        }
+        text + "\n" + &global
+    }
+
+    /// From an image's first `<fake_token_around_image>` to the one that closes its global
+    /// view, the newlines between rows included.
+    fn modalities(&self, ids: &[u32]) -> Vec<Modality> {
+        let (mut inside, mut global) = (false, false);
+        ids.iter()
+            .map(|&id| {
+                if !inside {
+                    inside = id == self.fake;
+                    return if inside {
+                        Modality::Image
+                    } else {
+                        Modality::Text
+                    };
+                }
+                if id == self.global {
+                    global = true;
+                } else if id == self.fake && global {
+                    (inside, global) = (false, false);
+                }
+                Modality::Image
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,140 @@
+//! The multimodal processor contract against Transformers' own processors (5.25): for images of
+//! nine sizes and aspect ratios, placeholder counts, patches, the text an image expands to, the
+//! prompt's token ids and each position's modality. `data/processors.json` is written by
+//! `scripts/processor-reference.py` (Transformers, PIL and a word-level tokenizer that knows
+//! every marker, stored in the file); these are integer and string computations, so they agree
+//! exactly on any machine.
+
+use std::str::FromStr;
+
+use lmhost_plugin_kit::multimodal::{
+    Gemma3Processor, Idefics3Processor, ImageTokens, Modality, Processor,
+};
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+fn reference() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/processors.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn numbers(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect()
+}
+
+/// Checks `processor` on every case of `reference[name]`, whose prompt holds `marker` where the
+/// image goes.
+fn check(name: &str, processor: &dyn Processor, tokenizer: &Tokenizer, marker: &str) {
+    let data = &reference()[name];
+    let prompt = data["prompt"].as_str().unwrap();
+    for case in data["cases"].as_array().unwrap() {
+        let size = (
+            case["height"].as_u64().unwrap() as u32,
+            case["width"].as_u64().unwrap() as u32,
+        );
+        let what = format!("{name} {size:?}");
+        let expected = ImageTokens {
+            tokens: case["num_image_tokens"].as_u64().unwrap() as usize,
+            patches: case["num_image_patches"].as_u64().unwrap() as usize,
+        };
+        assert_eq!(
+            processor.num_multimodal_tokens(&[size]),
+            [expected],
+            "{what}"
+        );
+        let text = processor.image_text(size);
+        assert_eq!(text, case["image_text"].as_str().unwrap(), "{what}");
+        let expanded = prompt.replacen(marker, &text, 1);
+        let ids = tokenizer
+            .encode(expanded, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        let theirs: Vec<u32> = numbers(&case["input_ids"])
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        assert_eq!(ids, theirs, "{what}");
+        let placeholders = ids.iter().filter(|&&i| i == processor.image_token_id());
+        assert_eq!(placeholders.count(), expected.tokens, "{what}");
+        let ours: Vec<u64> = (processor.modalities(&ids).iter())
+            .map(|&m| m as u64)
+            .collect();
+        let theirs = numbers(&case["mm_token_type_ids"]);
+        // One contiguous run of image positions per image, as the contract asks.
+        let runs = ours.windows(2).filter(|w| w == &[0, 1]).count() + usize::from(ours[0] == 1);
+        assert_eq!(runs, 1, "{what}");
+        for (i, (&a, &b)) in ours.iter().zip(&theirs).enumerate() {
+            // Where Transformers leaves a marker at text (Gemma 3's start and end of image),
+            // the contract marks it image; everywhere else the two agree.
+            let marker_only_ours = a == 1 && b == 0 && ids[i] != processor.image_token_id();
+            assert!(
+                a == b || marker_only_ours,
+                "{what}: position {i}: {a} vs {b}"
+            );
+        }
+        assert_eq!(ours.len(), theirs.len(), "{what}");
+    }
+}
+
+fn tokenizer(name: &str) -> Tokenizer {
+    Tokenizer::from_str(&reference()[name]["tokenizer"].to_string()).unwrap()
+}
+
+fn vocab(tokenizer: &Tokenizer) -> impl Fn(&str) -> Option<u32> + '_ {
+    |token| tokenizer.token_to_id(token)
+}
+
+#[test]
+fn idefics3_and_smolvlm_tile_as_transformers_does() {
+    for name in ["idefics3", "smolvlm"] {
+        let tokenizer = tokenizer(name);
+        let config = &reference()[name]["config"];
+        let get = |key: &str| config[key].as_u64().unwrap();
+        let processor = Idefics3Processor::new(
+            (get("longest_edge") as u32, get("max_image_size") as u32),
+            get("image_seq_len") as usize,
+            vocab(&tokenizer),
+        )
+        .unwrap();
+        check(name, &processor, &tokenizer, Idefics3Processor::IMAGE);
+        // Idefics3's own marking covers the whole run too: exactly equal, not just a superset.
+        let case = &reference()[name]["cases"][0];
+        let ids: Vec<u32> = numbers(&case["input_ids"])
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        let ours: Vec<u64> = (processor.modalities(&ids).iter())
+            .map(|&m| m as u64)
+            .collect();
+        assert_eq!(ours, numbers(&case["mm_token_type_ids"]));
+    }
+}
+
+#[test]
+fn gemma3_images_are_256_soft_tokens_between_their_markers() {
+    let tokenizer = tokenizer("gemma3");
+    let per_image = reference()["gemma3"]["config"]["mm_tokens_per_image"]
+        .as_u64()
+        .unwrap();
+    let processor = Gemma3Processor::new(per_image as usize, vocab(&tokenizer)).unwrap();
+    check("gemma3", &processor, &tokenizer, Gemma3Processor::START);
+    assert_eq!(processor.image_token(), "<image_soft_token>");
+    let start = tokenizer.token_to_id(Gemma3Processor::START).unwrap();
+    let modalities = processor.modalities(&[7, start, processor.image_token_id(), 9]);
+    assert_eq!(modalities[..2], [Modality::Text, Modality::Image]);
+}
+
+#[test]
+fn a_missing_marker_token_is_named() {
+    let err = Idefics3Processor::new((2048, 512), 64, |_| None)
+        .err()
+        .unwrap();
+    assert!(err.contains("`<image>`"), "{err}");
+    let err = Gemma3Processor::new(256, |t| (t != Gemma3Processor::END).then_some(1));
+    assert!(err.err().unwrap().contains("`<end_of_image>`"));
+}

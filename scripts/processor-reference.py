@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Writes plugin-kit/tests/data/processors.json: what Transformers' own multimodal processors
+make of images of several sizes and aspect ratios, for the processor contract's tests to compare
+with. Not run by the tests or CI (they read the committed file); rerun it after a Transformers
+upgrade:
+
+    python3 -m venv /tmp/ref && /tmp/ref/bin/pip install transformers pillow numpy
+    /tmp/ref/bin/python scripts/processor-reference.py
+
+For each processor configuration (Idefics3's defaults, SmolVLM-256M's, Gemma 3's) and image size
+it records `_get_num_multimodal_tokens` (placeholder tokens and patches per image), the text an
+image expands to, and, over a small word-level tokenizer that knows every marker token (written
+into the file, so the Rust side tokenizes with the same vocabulary), a prompt's input ids and
+Transformers' `mm_token_type_ids`.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+import transformers
+from PIL import Image
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "plugin-kit/tests/data/processors.json"
+
+# (height, width): landscape, portrait, square, tiny, exact tile multiples and one past them,
+# a panorama and a tall strip.
+SIZES = [
+    (480, 640),
+    (640, 480),
+    (100, 100),
+    (1, 1),
+    (512, 512),
+    (513, 1025),
+    (1080, 1920),
+    (200, 3000),
+    (3000, 200),
+]
+
+IDEFICS3_MARKERS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"] + [
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
+]
+GEMMA3_MARKERS = ["<start_of_image>", "<image_soft_token>", "<end_of_image>"]
+WORDS = ["User", ":", "What", "is", "this", "?", "\n", "\n\n", " "]
+
+
+def tokenizer(markers):
+    """A word-level tokenizer: each marker is one special token, text splits on whitespace and
+    punctuation, newlines are tokens of their own."""
+    vocab = {"[UNK]": 0}
+    for word in WORDS + markers:
+        vocab.setdefault(word, len(vocab))
+    model = models.WordLevel(vocab=vocab, unk_token="[UNK]")
+    backend = Tokenizer(model)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(pattern="\n+", behavior="isolated"),
+            pre_tokenizers.Split(pattern=" ", behavior="removed"),
+            pre_tokenizers.Punctuation(behavior="isolated"),
+        ]
+    )
+    backend.add_special_tokens(markers)
+    return backend
+
+
+def image(height, width):
+    rng = np.random.default_rng(height * 10007 + width)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def record(processor, backend, prompt, sizes, **kwargs):
+    counts = processor._get_num_multimodal_tokens(image_sizes=sizes, **kwargs)
+    cases = []
+    for i, (h, w) in enumerate(sizes):
+        inputs = processor(
+            text=[prompt], images=[[image(h, w)]], return_mm_token_type_ids=True, **kwargs
+        )
+        images_kwargs = processor._merge_kwargs(**kwargs)["images_kwargs"]
+        _, replacements = processor._process_images([[image(h, w)]], **images_kwargs)
+        cases.append(
+            {
+                "height": h,
+                "width": w,
+                "num_image_tokens": int(counts["num_image_tokens"][i]),
+                "num_image_patches": int(counts["num_image_patches"][i]),
+                "image_text": replacements[0],
+                "input_ids": [int(t) for t in inputs["input_ids"][0]],
+                "mm_token_type_ids": [
+                    int(t)
+                    for t in inputs.get("mm_token_type_ids", inputs.get("token_type_ids"))[0]
+                ],
+            }
+        )
+    return {"tokenizer": json.loads(backend.to_str()), "prompt": prompt, "cases": cases}
+
+
+def idefics3(size, max_image_size, image_seq_len):
+    backend = tokenizer(IDEFICS3_MARKERS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": size}, max_image_size={"longest_edge": max_image_size}
+    )
+    processor = Idefics3Processor(images, fast, image_seq_len=image_seq_len)
+    config = {"longest_edge": size, "max_image_size": max_image_size, "image_seq_len": image_seq_len}
+    return {"config": config, **record(processor, backend, "User:<image>What is this?", SIZES)}
+
+
+def gemma3():
+    backend = tokenizer(GEMMA3_MARKERS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        extra_special_tokens={
+            "boi_token": "<start_of_image>",
+            "image_token": "<image_soft_token>",
+            "eoi_token": "<end_of_image>",
+        },
+    )
+    processor = Gemma3Processor(Gemma3ImageProcessorPil(), fast, image_seq_length=256)
+    config = {"mm_tokens_per_image": 256}
+    return {"config": config, **record(processor, backend, "User:<start_of_image>What is this?", SIZES[:3])}
+
+
+def main():
+    reference = {
+        "transformers": transformers.__version__,
+        "idefics3": idefics3(4 * 364, 364, 169),
+        "smolvlm": idefics3(2048, 512, 64),
+        "gemma3": gemma3(),
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(reference, separators=(",", ":")) + "\n")
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()
