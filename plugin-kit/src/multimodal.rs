@@ -8,6 +8,8 @@
 //! markers: Gemma 3's marks only its 256 soft tokens as image and leaves `<start_of_image>` and
 //! `<end_of_image>` at text, Idefics3's marks the whole run as this contract does.
 
+use lmhost_plugin_api::Image;
+
 /// What a prompt position holds: the values of Transformers' `mm_token_type_ids`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -278,5 +280,81 @@ impl Processor for Idefics3Processor {
                 Modality::Image
             })
             .collect()
+    }
+}
+
+/// A fixed-size image processor's steps (Gemma 3's, SigLIP's): resize to `height x width`
+/// (bilinear), scale each byte by `rescale` (1/255), normalize each channel by `mean` and
+/// `std`. Resampling is the `image` crate's triangle filter where Transformers uses PIL's
+/// bilinear one: the same filter, rounded differently (see the candle tests for how close).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResizeNormalize {
+    pub height: u32,
+    pub width: u32,
+    pub rescale: f32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+impl ResizeNormalize {
+    /// From a preprocessor_config.json: `size.height`/`size.width`, `rescale_factor`,
+    /// `image_mean`, `image_std`; an error names a missing or malformed field.
+    pub fn from_config(config: &serde_json::Value) -> Result<Self, String> {
+        let number = |v: &serde_json::Value, key: &str| {
+            v.as_f64()
+                .ok_or_else(|| format!("preprocessor_config.json: `{key}` must be a number"))
+        };
+        let triple = |key: &str| -> Result<[f32; 3], String> {
+            let values = config[key]
+                .as_array()
+                .filter(|a| a.len() == 3)
+                .ok_or_else(|| {
+                    format!("preprocessor_config.json: `{key}` must be a list of 3 numbers")
+                })?;
+            let mut out = [0f32; 3];
+            for (o, v) in out.iter_mut().zip(values) {
+                *o = number(v, key)? as f32;
+            }
+            Ok(out)
+        };
+        let side = |key: &str| -> Result<u32, String> {
+            let v = number(&config["size"][key], &format!("size.{key}"))?;
+            (v >= 1.0)
+                .then_some(v as u32)
+                .ok_or_else(|| format!("preprocessor_config.json: `size.{key}` must be positive"))
+        };
+        let std = triple("image_std")?;
+        if std.contains(&0.0) {
+            return Err("preprocessor_config.json: `image_std` must not hold 0".into());
+        }
+        Ok(ResizeNormalize {
+            height: side("height")?,
+            width: side("width")?,
+            rescale: number(&config["rescale_factor"], "rescale_factor")? as f32,
+            mean: triple("image_mean")?,
+            std,
+        })
+    }
+
+    /// `image`'s pixel values, channel by channel (`3 x height x width`, row-major).
+    pub fn pixel_values(&self, image: &Image) -> Vec<f32> {
+        let (w, h) = (image.width, image.height);
+        let source = image::RgbImage::from_raw(w, h, image.rgb.to_vec())
+            .expect("an Image holds width x height RGB pixels");
+        let resized = image::imageops::resize(
+            &source,
+            self.width,
+            self.height,
+            image::imageops::FilterType::Triangle,
+        );
+        let plane = (self.height * self.width) as usize;
+        let mut values = vec![0f32; 3 * plane];
+        for (i, pixel) in resized.pixels().enumerate() {
+            for c in 0..3 {
+                let v = f32::from(pixel.0[c]) * self.rescale;
+                values[c * plane + i] = (v - self.mean[c]) / self.std[c];
+            }
+        }
+        values
     }
 }

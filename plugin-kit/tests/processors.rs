@@ -138,3 +138,26 @@ fn a_missing_marker_token_is_named() {
     let err = Gemma3Processor::new(256, |t| (t != Gemma3Processor::END).then_some(1));
     assert!(err.err().unwrap().contains("`<end_of_image>`"));
 }
+
+#[test]
+fn a_preprocessor_config_without_its_fields_is_refused_by_name() {
+    use lmhost_plugin_kit::multimodal::ResizeNormalize;
+    let good = serde_json::json!({
+        "size": {"height": 56, "width": 56}, "rescale_factor": 0.5,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    });
+    assert_eq!(ResizeNormalize::from_config(&good).unwrap().height, 56);
+    for (key, expected) in [
+        ("size", "`size.height`"),
+        ("image_mean", "`image_mean` must be a list of 3 numbers"),
+        ("rescale_factor", "`rescale_factor`"),
+    ] {
+        let mut bad = good.clone();
+        bad.as_object_mut().unwrap().remove(key);
+        let err = ResizeNormalize::from_config(&bad).unwrap_err();
+        assert!(err.contains(expected), "{key}: {err}");
+    }
+    let mut zero = good.clone();
+    zero["image_std"] = serde_json::json!([0.5, 0.0, 0.5]);
+    assert!(ResizeNormalize::from_config(&zero).is_err());
+}

@@ -14,6 +14,7 @@
 //! order, so both rotate halves (llama.cpp's NEOX mode, Transformers' `rotate_half`).
 
 mod config;
+pub mod vision;
 
 use std::sync::Arc;
 
