@@ -47,8 +47,68 @@ SIZES = [
 IDEFICS3_MARKERS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"] + [
     f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
 ]
-GEMMA3_MARKERS = ["<start_of_image>", "<image_soft_token>", "<end_of_image>"]
+GEMMA3_MARKERS = [
+    "<start_of_image>",
+    "<image_soft_token>",
+    "<end_of_image>",
+    "<bos>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+]
 WORDS = ["User", ":", "What", "is", "this", "?", "\n", "\n\n", " "]
+WORDS += ["user", "model", "Be", "brief", ".", "A", "cat", "And", "now", "Compare", "them"]
+
+# Gemma 3's chat template, as google/gemma-3-4b-it's tokenizer_config.json ships it.
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
+# A chat with two images, one before its text and one after: (role, parts), a part being text
+# or an image's (height, width).
+GEMMA3_CHAT = [
+    ("system", ["Be brief."]),
+    ("user", [(480, 640), "What is this?"]),
+    ("assistant", ["A cat."]),
+    ("user", ["And now this?", (100, 60), "Compare them."]),
+]
 
 
 def tokenizer(markers):
@@ -123,9 +183,41 @@ def gemma3():
             "eoi_token": "<end_of_image>",
         },
     )
-    processor = Gemma3Processor(Gemma3ImageProcessorPil(), fast, image_seq_length=256)
+    fast.bos_token = "<bos>"
+    processor = Gemma3Processor(
+        Gemma3ImageProcessorPil(), fast, image_seq_length=256, chat_template=GEMMA3_TEMPLATE
+    )
     config = {"mm_tokens_per_image": 256}
-    return {"config": config, **record(processor, backend, "User:<start_of_image>What is this?", SIZES[:3])}
+    reference = record(processor, backend, "User:<start_of_image>What is this?", SIZES[:3])
+    return {"config": config, **reference, "chat": chat(processor)}
+
+
+def chat(processor):
+    """The chat through `apply_chat_template`, images included: Transformers' text, ids and
+    `mm_token_type_ids`."""
+    conversation = []
+    for role, parts in GEMMA3_CHAT:
+        content = [
+            {"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": image(*p)}
+            for p in parts
+        ]
+        conversation.append({"role": role, "content": content})
+    inputs = processor.apply_chat_template(
+        conversation,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_mm_token_type_ids=True,
+    )
+    text = processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    return {
+        "template": GEMMA3_TEMPLATE,
+        "bos_token": "<bos>",
+        "messages": [{"role": r, "parts": [p if isinstance(p, str) else list(p) for p in ps]} for r, ps in GEMMA3_CHAT],
+        "text": text,
+        "input_ids": [int(t) for t in inputs["input_ids"][0]],
+        "mm_token_type_ids": [int(t) for t in inputs.get("mm_token_type_ids", inputs.get("token_type_ids"))[0]],
+    }
 
 
 def main():

@@ -183,11 +183,11 @@ fn the_openai_backend_against_llama_cpp_python() {
         let messages = [
             ChatMessage {
                 role: "system",
-                content: "You answer in one short sentence.",
+                content: "You answer in one short sentence.".into(),
             },
             ChatMessage {
                 role: "user",
-                content: user,
+                content: user.into(),
             },
         ];
         let prompt = template.render(&messages, true).unwrap();

@@ -36,6 +36,10 @@ pub trait Processor: Send + Sync {
 
     fn image_token_id(&self) -> u32;
 
+    /// What a chat template writes where an image goes, which [`Processor::image_text`]
+    /// replaces (Gemma 3: `<start_of_image>`; Idefics3: `<image>`).
+    fn image_marker(&self) -> &str;
+
     /// For each image size `(height, width)`, its placeholders and patches.
     fn num_multimodal_tokens(&self, image_sizes: &[(u32, u32)]) -> Vec<ImageTokens> {
         image_sizes
@@ -97,6 +101,10 @@ impl Processor for Gemma3Processor {
 
     fn image_token_id(&self) -> u32 {
         self.soft
+    }
+
+    fn image_marker(&self) -> &str {
+        Self::START
     }
 
     /// Pan-and-scan crops are not made (Transformers' default): one view of each image.
@@ -230,6 +238,10 @@ impl Processor for Idefics3Processor {
 
     fn image_token_id(&self) -> u32 {
         self.image
+    }
+
+    fn image_marker(&self) -> &str {
+        Self::IMAGE
     }
 
     fn image_tokens(&self, size: (u32, u32)) -> ImageTokens {

@@ -5,9 +5,10 @@
 
 use std::path::Path;
 
-use lmhost_plugin_api::{ConversationSnapshot, PluginError};
+use lmhost_plugin_api::{ConversationSnapshot, Image, Message, Part, PluginError};
 
-use crate::template::{ChatMessage, ChatTemplate};
+use crate::multimodal::Processor;
+use crate::template::{ChatContent, ChatMessage, ChatPart, ChatTemplate};
 
 /// The option value that asks for `role: content` lines instead of a template.
 pub const PLAIN: &str = "plain";
@@ -77,7 +78,7 @@ impl PromptFormat {
                     .iter()
                     .map(|(role, content)| ChatMessage {
                         role,
-                        content: content.as_str(),
+                        content: content.as_str().into(),
                     })
                     .collect();
                 let text = template
@@ -90,6 +91,113 @@ impl PromptFormat {
         };
         Ok(Prompt { text, add_special })
     }
+}
+
+impl PromptFormat {
+    /// [`PromptFormat::render`] for a vision-language model: a message with images goes to
+    /// the template as a list of parts (`{"type": "image"}` where each image was), and each
+    /// image marker the template writes is replaced by the image's markers and placeholders
+    /// ([`Processor::image_text`]). Raw text and plain lines carry the image's text where the
+    /// image was. The images come back in the order their placeholders stand in the prompt.
+    pub fn render_with_images<'s>(
+        &self,
+        snapshot: &'s ConversationSnapshot,
+        model: &str,
+        processor: &dyn Processor,
+    ) -> Result<(Prompt, Vec<&'s Image>), PluginError> {
+        if snapshot.has_audio() {
+            return Err(PluginError::unsupported(format!(
+                "model `{model}` reads text and images; the conversation has audio"
+            )));
+        }
+        let images: Vec<&Image> = (snapshot.messages().flat_map(|m| m.parts.iter()))
+            .filter_map(|part| match part {
+                Part::Image { image } => Some(image),
+                _ => None,
+            })
+            .collect();
+        let inline = |m: &Message| inline_images(m, processor);
+        let (text, add_special) = match self {
+            _ if snapshot.is_raw() => (snapshot.messages().map(inline).collect(), true),
+            PromptFormat::Template(template) => {
+                let texts: Vec<String> = snapshot.messages().map(Message::text_content).collect();
+                let messages: Vec<ChatMessage> = (snapshot.messages().zip(&texts))
+                    .map(|(m, t)| chat_message(m, t))
+                    .collect();
+                let text = template
+                    .render(&messages, true)
+                    .map_err(|e| PluginError::invalid_input(e.to_string()))?;
+                (expand_markers(&text, &images, processor, model)?, false)
+            }
+            PromptFormat::Plain => {
+                let lines: Vec<(&str, String)> = snapshot
+                    .messages()
+                    .map(|m| (m.role.as_str(), inline(m)))
+                    .collect();
+                (plain(&lines), true)
+            }
+            PromptFormat::None => return Err(no_template(model)),
+        };
+        Ok((Prompt { text, add_special }, images))
+    }
+}
+
+/// A message as a template sees it: its `text`, or its parts in order where it holds images.
+fn chat_message<'a>(message: &'a Message, text: &'a str) -> ChatMessage<'a> {
+    let content = match message.has_images() {
+        false => ChatContent::Text(text),
+        true => ChatContent::Parts(
+            (message.parts.iter())
+                .filter_map(|part| match part {
+                    Part::Text { text } => Some(ChatPart::Text { text }),
+                    Part::Image { .. } => Some(ChatPart::Image),
+                    Part::Audio { .. } => None,
+                })
+                .collect(),
+        ),
+    };
+    ChatMessage {
+        role: message.role.as_str(),
+        content,
+    }
+}
+
+/// A message's parts as one text, each image as its markers and placeholders.
+fn inline_images(message: &Message, processor: &dyn Processor) -> String {
+    (message.parts.iter())
+        .map(|part| match part {
+            Part::Text { text } => text.to_string(),
+            Part::Image { image } => processor.image_text((image.height, image.width)),
+            Part::Audio { .. } => String::new(),
+        })
+        .collect()
+}
+
+/// `text` with its k-th image marker replaced by image k's text; the template must have
+/// written one marker per image.
+fn expand_markers(
+    text: &str,
+    images: &[&Image],
+    processor: &dyn Processor,
+    model: &str,
+) -> Result<String, PluginError> {
+    let marker = processor.image_marker();
+    let pieces: Vec<&str> = text.split(marker).collect();
+    if pieces.len() != images.len() + 1 {
+        return Err(PluginError::invalid_input(format!(
+            "model `{model}`'s chat template wrote {} image markers (`{marker}`) for the \
+             conversation's {} images",
+            pieces.len() - 1,
+            images.len()
+        )));
+    }
+    let mut out = String::with_capacity(text.len());
+    for (piece, image) in pieces.iter().zip(images) {
+        out += piece;
+        out += &processor.image_text((image.height, image.width));
+    }
+    out += pieces[pieces.len() - 1];
+    Ok(out)
 }
 
 fn no_template(model: &str) -> PluginError {
@@ -174,5 +282,38 @@ mod tests {
             .unwrap();
         assert!(err.message.contains("chat_template"), "{err}");
         assert!(err.message.contains("/nonexistent/t.jinja"), "{err}");
+    }
+
+    /// Raw text and plain lines carry each image's markers and placeholders where it was.
+    #[test]
+    fn raw_and_plain_prompts_inline_images() {
+        use crate::multimodal::Gemma3Processor;
+        use lmhost_plugin_api::{Image, Part};
+        let processor = Gemma3Processor::new(2, |_| Some(7)).unwrap();
+        let image = Part::Image {
+            image: Image::new(1, 1, vec![0; 3]).unwrap(),
+        };
+        let message = |role| Message {
+            role,
+            parts: vec![Part::text("Look:"), image.clone(), Part::text("!")].into(),
+        };
+        let of = |m: Message| {
+            ConversationSnapshot::new(vec![Turn {
+                messages: vec![m].into(),
+            }])
+            .unwrap()
+        };
+        let expected =
+            "Look:\n\n<start_of_image><image_soft_token><image_soft_token><end_of_image>\n\n!";
+        let raw = of(message(Role::Raw));
+        let (raw, images) = PromptFormat::None
+            .render_with_images(&raw, "m", &processor)
+            .unwrap();
+        assert_eq!((raw.text.as_str(), images.len()), (expected, 1));
+        let chat = of(message(Role::User));
+        let (plain, _) = PromptFormat::Plain
+            .render_with_images(&chat, "m", &processor)
+            .unwrap();
+        assert_eq!(plain.text, format!("user: {expected}\nassistant:"));
     }
 }

@@ -173,7 +173,7 @@ fn render(template: &ChatTemplate, conversation: &Conversation) -> Result<String
         .iter()
         .map(|m| ChatMessage {
             role: &m.role,
-            content: &m.content,
+            content: m.content.as_str().into(),
         })
         .collect();
     template

@@ -161,3 +161,98 @@ fn a_preprocessor_config_without_its_fields_is_refused_by_name() {
     zero["image_std"] = serde_json::json!([0.5, 0.0, 0.5]);
     assert!(ResizeNormalize::from_config(&zero).is_err());
 }
+
+/// A chat with two images (one before its message's text, one between two texts) through
+/// Gemma 3's chat template: the prompt's token ids are Transformers' `apply_chat_template`'s,
+/// and its placeholders where Transformers puts them.
+#[test]
+fn a_gemma3_chat_with_images_renders_as_transformers_does() {
+    use lmhost_plugin_api::abi_stable::std_types::RVec;
+    use lmhost_plugin_api::{ConversationSnapshot, Image, Message, Part, Role, Turn};
+    use lmhost_plugin_kit::prompt::PromptFormat;
+    use lmhost_plugin_kit::template::ChatTemplate;
+
+    let chat = &reference()["gemma3"]["chat"];
+    let tokenizer = tokenizer("gemma3");
+    let processor = Gemma3Processor::new(256, vocab(&tokenizer)).unwrap();
+    let template = ChatTemplate::new(chat["template"].as_str().unwrap(), "gemma3")
+        .unwrap()
+        .with_special_tokens(chat["bos_token"].as_str().map(String::from), None);
+    let role = |r: &str| match r {
+        "system" => Role::System,
+        "user" => Role::User,
+        _ => Role::Assistant,
+    };
+    let mut turns = vec![];
+    let mut messages = vec![];
+    for m in chat["messages"].as_array().unwrap() {
+        let parts: Vec<Part> = (m["parts"].as_array().unwrap().iter())
+            .map(|p| match p.as_str() {
+                Some(text) => Part::text(text),
+                None => {
+                    let (h, w) = (p[0].as_u64().unwrap() as u32, p[1].as_u64().unwrap() as u32);
+                    let rgb = vec![128; (h * w * 3) as usize];
+                    Part::Image {
+                        image: Image::new(w, h, rgb).unwrap(),
+                    }
+                }
+            })
+            .collect();
+        let role = role(m["role"].as_str().unwrap());
+        messages.push(Message {
+            role,
+            parts: RVec::from(parts),
+        });
+        if role == Role::Assistant {
+            turns.push(Turn {
+                messages: RVec::from(std::mem::take(&mut messages)),
+            });
+        }
+    }
+    turns.push(Turn {
+        messages: RVec::from(messages),
+    });
+    let snapshot = ConversationSnapshot::new(turns).unwrap();
+    let format = PromptFormat::Template(template);
+    let (prompt, images) = format
+        .render_with_images(&snapshot, "tiny", &processor)
+        .unwrap();
+    assert_eq!(
+        images
+            .iter()
+            .map(|i| (i.height, i.width))
+            .collect::<Vec<_>>(),
+        [(480, 640), (100, 60)]
+    );
+    assert!(!prompt.add_special);
+    let ids = tokenizer
+        .encode(prompt.text.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let theirs: Vec<u32> = numbers(&chat["input_ids"])
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
+    assert_eq!(ids, theirs);
+    let ours: Vec<u64> = (processor.modalities(&ids).iter())
+        .map(|&m| m as u64)
+        .collect();
+    let placeholders: Vec<bool> = ids
+        .iter()
+        .map(|&i| i == processor.image_token_id())
+        .collect();
+    for ((a, b), soft) in ours
+        .iter()
+        .zip(numbers(&chat["mm_token_type_ids"]))
+        .zip(placeholders)
+    {
+        assert!(*a == b || (*a == 1 && b == 0 && !soft));
+    }
+    // A template that drops images is refused rather than silently misplacing them.
+    let dropping = ChatTemplate::new("{% for m in messages %}{{ m.role }}{% endfor %}", "t");
+    let err = PromptFormat::Template(dropping.unwrap())
+        .render_with_images(&snapshot, "tiny", &processor)
+        .unwrap_err();
+    assert!(err.message.contains("wrote 0 image markers"), "{err}");
+}

@@ -24,10 +24,34 @@ use serde::Serialize;
 pub use error::TemplateError;
 
 /// One message of a conversation, as the template sees it: `message.role`, `message.content`.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ChatMessage<'a> {
     pub role: &'a str,
-    pub content: &'a str,
+    pub content: ChatContent<'a>,
+}
+
+/// A message's content: a string, or, where it holds images, the list of parts Transformers
+/// passes (`{"type": "text", "text": ...}`, `{"type": "image"}`), which a multimodal model's
+/// template walks to place its image markers.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum ChatContent<'a> {
+    Text(&'a str),
+    Parts(Vec<ChatPart<'a>>),
+}
+
+impl<'a> From<&'a str> for ChatContent<'a> {
+    fn from(text: &'a str) -> Self {
+        ChatContent::Text(text)
+    }
+}
+
+/// One part of a [`ChatContent::Parts`].
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ChatPart<'a> {
+    Text { text: &'a str },
+    Image,
 }
 
 /// A compiled chat template with the special tokens it is rendered with.

@@ -12,7 +12,7 @@ const HF_STYLE: &str =
 fn user(content: &str) -> [ChatMessage<'_>; 1] {
     [ChatMessage {
         role: "user",
-        content,
+        content: content.into(),
     }]
 }
 
@@ -36,11 +36,11 @@ fn tokenizer_config_sets_template_and_special_tokens() {
     let messages = [
         ChatMessage {
             role: "system",
-            content: "Be brief.",
+            content: "Be brief.".into(),
         },
         ChatMessage {
             role: "user",
-            content: " Hi ",
+            content: " Hi ".into(),
         },
     ];
     let text = template.render(&messages, true).unwrap();
