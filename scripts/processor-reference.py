@@ -20,7 +20,7 @@ import pathlib
 import numpy as np
 import transformers
 from PIL import Image
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
@@ -121,7 +121,7 @@ def tokenizer(markers):
     backend = Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(pattern="\n+", behavior="isolated"),
+            pre_tokenizers.Split(pattern=Regex("\n+"), behavior="isolated"),
             pre_tokenizers.Split(pattern=" ", behavior="removed"),
             pre_tokenizers.Punctuation(behavior="isolated"),
         ]

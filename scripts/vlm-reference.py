@@ -8,9 +8,12 @@ read the committed files); rerun it after a Transformers upgrade:
     python3 -m venv /tmp/ref && /tmp/ref/bin/pip install transformers torch safetensors pillow
     /tmp/ref/bin/python scripts/vlm-reference.py
 
-Written: config.json, model.safetensors, preprocessor_config.json, three test images (PNG:
-landscape noise, a portrait gradient, a square of flat colours) and reference.safetensors with,
-per image, the processor's pixel values and `get_image_features` of them.
+Written: config.json, model.safetensors, the processor's files (a word-level tokenizer that
+knows Gemma's control and image tokens, Gemma 3's chat template, preprocessor_config.json),
+three test images (PNG: landscape noise, a portrait gradient, a square of flat colours) and
+reference.safetensors with, per image, the processor's pixel values and `get_image_features` of
+them, and for three chats (no image, one, two) the ids of the prompt and a reply and the
+model's logits over them.
 """
 
 import json
@@ -21,8 +24,10 @@ import torch
 import transformers
 from PIL import Image
 from safetensors.torch import save_file
-from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, PreTrainedTokenizerFast
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "plugins/candle/tests/data/tiny-gemma3-vlm"
@@ -31,6 +36,55 @@ OUT = ROOT / "plugins/candle/tests/data/tiny-gemma3-vlm"
 IMAGE_SIZE, PATCH, TOKENS = 56, 14, 4
 VOCAB = 64
 BOI, IMAGE, EOI = 61, 62, 63
+SPECIAL = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<start_of_turn>": 3, "<end_of_turn>": 4}
+MARKERS = {"<start_of_image>": BOI, "<image_soft_token>": IMAGE, "<end_of_image>": EOI}
+WORDS = ["user", "model", "\n", "\n\n", "\n\n\n", "\n\n\n\n", "What", "is", "this", "?", "A", "cat", ".", "Be",
+         "brief", "And", "now", "Compare", "them", "It", "red", "blue", "[UNK]"]
+
+# Gemma 3's chat template, as google/gemma-3-4b-it's tokenizer_config.json ships it (the same
+# text as scripts/processor-reference.py's).
+TEMPLATE = (ROOT / "scripts/processor-reference.py").read_text().split('GEMMA3_TEMPLATE = """')[1].split('"""')[0]
+
+# Chats as (role, parts), a part being text or the name of a test image; then the reply scored.
+CHATS = {
+    "text": ([("user", ["What is this?"])], "A cat."),
+    "one": ([("user", ["noise", "What is this?"])], "It is red."),
+    "two": (
+        [("system", ["Be brief."]), ("user", ["gradient", "What is this?"]),
+         ("assistant", ["A cat."]), ("user", ["And now this?", "flat", "Compare them."])],
+        "It is blue.",
+    ),
+}
+
+
+def tokenizer():
+    """A word-level tokenizer over `SPECIAL`, `WORDS` and the image markers, with the ids the
+    model config names."""
+    vocab = dict(SPECIAL)
+    for word in WORDS:
+        vocab[word] = len(vocab)
+    vocab.update(MARKERS)
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(pattern=Regex("\n+"), behavior="isolated"),
+        pre_tokenizers.Split(pattern=" ", behavior="removed"),
+        pre_tokenizers.Punctuation(behavior="isolated"),
+    ])
+    backend.add_special_tokens(list(SPECIAL) + list(MARKERS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="[UNK]",
+        extra_special_tokens={
+            "boi_token": "<start_of_image>",
+            "image_token": "<image_soft_token>",
+            "eoi_token": "<end_of_image>",
+        },
+    )
+    fast.chat_template = TEMPLATE
+    return fast
 
 
 def images():
@@ -88,10 +142,38 @@ def main():
                 p.normal_(0.0, 0.5)
     OUT.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(OUT, safe_serialization=True)
-    processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    pixels_of = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor = Gemma3Processor(pixels_of, tokenizer(), image_seq_length=TOKENS, chat_template=TEMPLATE)
     processor.save_pretrained(OUT)
+    processor.tokenizer.save_pretrained(OUT)
     tensors = {}
-    for name, pixels in images().items():
+    pictures = images()
+    for name, (turns, reply) in CHATS.items():
+        conversation = [
+            {"role": role, "content": [
+                {"type": "image", "image": Image.fromarray(pictures[p])} if p in pictures
+                else {"type": "text", "text": p}
+                for p in parts
+            ]}
+            for role, parts in turns
+        ]
+        inputs = processor.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=True, return_dict=True,
+            return_tensors="pt",
+        )
+        reply_ids = processor.tokenizer(reply, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        ids = torch.cat([inputs["input_ids"], reply_ids], dim=1)
+        extra = {k: v for k, v in inputs.items() if k in ("pixel_values", "token_type_ids")}
+        if "token_type_ids" in extra:
+            extra["token_type_ids"] = torch.cat(
+                [extra["token_type_ids"], torch.zeros_like(reply_ids)], dim=1
+            )
+        with torch.no_grad():
+            logits = model(input_ids=ids, **extra).logits[0]
+        tensors[f"chat.{name}.ids"] = ids[0].to(torch.int64).contiguous()
+        tensors[f"chat.{name}.prompt_len"] = torch.tensor([inputs["input_ids"].shape[1]])
+        tensors[f"chat.{name}.logits"] = logits.contiguous()
+    for name, pixels in pictures.items():
         image = Image.fromarray(pixels)
         image.save(OUT / f"{name}.png")
         values = processor(image, return_tensors="pt")["pixel_values"]
