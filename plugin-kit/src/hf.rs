@@ -1,5 +1,7 @@
 //! The text side of a Hugging Face model directory: `tokenizer.json`, `tokenizer_config.json`
-//! (chat template, special tokens) and `config.json`'s end-of-sequence ids. candle's
+//! (chat template, special tokens), `chat_template.jinja` (where Transformers writes the
+//! template since 4.50, ahead of tokenizer_config.json's) and `config.json`'s
+//! end-of-sequence ids. candle's
 //! safetensors checkpoints and onnx's Optimum exports are read through this, the same way.
 
 use std::path::Path;
@@ -32,7 +34,16 @@ impl ModelText {
         let id_of = |key: &str| token_text(tok_config.get(key)).and_then(|t| hf.token_to_id(&t));
         let (bos, eos_token) = (id_of("bos_token"), token_text(tok_config.get("eos_token")));
         let eos_ids = eos_ids(config, eos_token.as_deref(), &hf);
+        let jinja = tokenizer.with_file_name("chat_template.jinja");
         let chat_template = match (tokenizer_config, tok_config.get("chat_template")) {
+            _ if jinja.is_file() => Some(
+                ChatTemplate::from_file(&jinja)
+                    .map_err(|e| e.to_string())?
+                    .with_special_tokens(
+                        token_text(tok_config.get("bos_token")),
+                        token_text(tok_config.get("eos_token")),
+                    ),
+            ),
             (Some(path), Some(_)) => Some(
                 ChatTemplate::from_json(&tok_config, path.display().to_string())
                     .map_err(|e| e.to_string())?,

@@ -8,7 +8,49 @@
 //! markers: Gemma 3's marks only its 256 soft tokens as image and leaves `<start_of_image>` and
 //! `<end_of_image>` at text, Idefics3's marks the whole run as this contract does.
 
-use lmhost_plugin_api::Image;
+use std::sync::Arc;
+
+use lmhost_plugin_api::{Image, PluginError};
+
+/// Prompt ids from here up stand for image features, not tokens: a vision-language backend
+/// gives each image's placeholders ids of their own ([`ImageIds`]), so that the prefix cache,
+/// which keys on ids, tells two images apart and finds the same image again.
+pub const FIRST_IMAGE_ID: u32 = 1 << 31;
+
+/// What a vision-language backend makes of a prompt's images.
+pub trait ImageIds: Send + Sync {
+    /// The first of the `count` consecutive ids (from [`FIRST_IMAGE_ID`] up) standing for
+    /// `image`'s placeholders, in order; the same image gets the same ids again.
+    fn ids_of(&self, image: &Image, count: usize) -> Result<u32, PluginError>;
+
+    /// How many images have been turned into features so far (each distinct image once,
+    /// while it is kept).
+    fn encoded(&self) -> usize;
+}
+
+/// A text front end's eyes: the model's processor and its image ids.
+#[derive(Clone)]
+pub struct Vision {
+    pub processor: Arc<dyn Processor>,
+    pub ids: Arc<dyn ImageIds>,
+}
+
+/// The runs of image ids in `ids`, as ranges of positions from `offset`: one run per image (an
+/// image's ids are consecutive; the next image's restart).
+pub fn image_runs(ids: &[u32], offset: usize) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        if id < FIRST_IMAGE_ID {
+            continue;
+        }
+        let continues = i > 0 && ids[i - 1] >= FIRST_IMAGE_ID && ids[i - 1].wrapping_add(1) == id;
+        match runs.last_mut() {
+            Some(run) if continues => run.end = offset + i + 1,
+            _ => runs.push(offset + i..offset + i + 1),
+        }
+    }
+    runs
+}
 
 /// What a prompt position holds: the values of Transformers' `mm_token_type_ids`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

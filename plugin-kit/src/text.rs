@@ -10,6 +10,7 @@ use lmhost_plugin_api::{
 };
 
 use crate::gguf::Metadata;
+use crate::multimodal::Vision;
 use crate::prompt::PromptFormat;
 use crate::sampling::{log_softmax_at, Rng, Sampler};
 use crate::template::ChatTemplate;
@@ -62,6 +63,9 @@ pub struct TextFrontEnd {
     max_context: usize,
     /// The model as users named it, for errors.
     model_id: String,
+    /// A vision-language model's processor and image ids; `None` for a text model, which
+    /// refuses images.
+    vision: Option<Vision>,
 }
 
 /// A sampled reply and why it ended.
@@ -159,7 +163,66 @@ impl TextFrontEnd {
             eos_ids,
             max_context,
             model_id: model_id.to_string(),
+            vision: None,
         })
+    }
+
+    /// This front end for a vision-language model: prompts with images render through
+    /// `vision`'s processor, and each image's placeholders become its ids.
+    pub fn with_vision(self, vision: Vision) -> Self {
+        TextFrontEnd {
+            vision: Some(vision),
+            ..self
+        }
+    }
+
+    /// Whether prompts may hold images.
+    pub fn sees_images(&self) -> bool {
+        self.vision.is_some()
+    }
+
+    /// A vision-language model's processor and image ids.
+    pub fn vision(&self) -> Option<&Vision> {
+        self.vision.as_ref()
+    }
+
+    /// The prompt's text and whether the tokenizer adds its special tokens, and, where it has
+    /// images, its ids with each image's placeholders standing for that image's features.
+    fn render(
+        &self,
+        snapshot: &ConversationSnapshot,
+    ) -> Result<(crate::prompt::Prompt, Option<Vec<u32>>), PluginError> {
+        let Some(vision) = self.vision.as_ref().filter(|_| snapshot.has_images()) else {
+            return Ok((self.format.render(snapshot, &self.model_id)?, None));
+        };
+        let processor = vision.processor.as_ref();
+        let (prompt, images) =
+            self.format
+                .render_with_images(snapshot, &self.model_id, processor)?;
+        let mut ids = self.encode(&prompt.text, prompt.add_special)?;
+        let placeholder = processor.image_token_id();
+        let mut at = 0;
+        for image in images {
+            let count = processor.image_tokens((image.height, image.width)).tokens;
+            let first = vision.ids.ids_of(image, count)?;
+            let Some(start) = ids[at..].iter().position(|&id| id == placeholder) else {
+                return Err(PluginError::internal("an image's placeholders are missing"));
+            };
+            let run = at + start..at + start + count;
+            if ids
+                .get(run.clone())
+                .is_none_or(|r| r.iter().any(|&id| id != placeholder))
+            {
+                return Err(PluginError::internal(format!(
+                    "an image's {count} placeholders do not stand together in the prompt"
+                )));
+            }
+            for (k, id) in ids[run.clone()].iter_mut().enumerate() {
+                *id = first + k as u32;
+            }
+            at = run.end;
+        }
+        Ok((prompt, Some(ids)))
     }
 
     /// Longest prompt + reply, in tokens.
@@ -198,7 +261,15 @@ impl TextFrontEnd {
         snapshot: &ConversationSnapshot,
         add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
-        let prompt = self.format.render(snapshot, &self.model_id)?;
+        let prompt = match &self.vision {
+            Some(vision) => {
+                let processor = vision.processor.as_ref();
+                (self.format)
+                    .render_with_images(snapshot, &self.model_id, processor)?
+                    .0
+            }
+            None => self.format.render(snapshot, &self.model_id)?,
+        };
         let ids = self.encode(&prompt.text, add_special && prompt.add_special)?;
         let pieces = ids
             .iter()
@@ -216,8 +287,11 @@ impl TextFrontEnd {
         snapshot: &ConversationSnapshot,
         extra: usize,
     ) -> Result<Vec<u32>, PluginError> {
-        let prompt = self.format.render(snapshot, &self.model_id)?;
-        let mut ids = self.encode(&prompt.text, prompt.add_special)?;
+        let (prompt, imaged) = self.render(snapshot)?;
+        let mut ids = match imaged {
+            Some(ids) => ids,
+            None => self.encode(&prompt.text, prompt.add_special)?,
+        };
         if ids.is_empty() && prompt.add_special {
             // Empty raw text starts from the model's start-of-text token, so that it can still
             // be continued (an explanation's empty coalition is such a prompt).
@@ -293,6 +367,11 @@ impl TextFrontEnd {
         (spans, hidden): (&[TextSpan], &[Vec<u32>]),
         from_message: u32,
     ) -> Result<HiddenScoring, PluginError> {
+        if snapshot.has_images() {
+            return Err(PluginError::unsupported(
+                "hiding text (score_hidden) is not implemented for prompts with images",
+            ));
+        }
         let prompt = self.format.render(snapshot, &self.model_id)?;
         let starts = message_starts(snapshot, &prompt.text)?;
         let (ids, offsets) = self

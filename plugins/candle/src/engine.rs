@@ -138,13 +138,17 @@ impl Engine {
             model,
             text,
             stored_prompts,
+            vision,
         } = loaded;
-        let front = TextFrontEnd::new(
+        let mut front = TextFrontEnd::new(
             text,
             chat_template,
             (max_context, model.max_context()),
             model_id,
         )?;
+        if let Some(vision) = vision {
+            front = front.with_vision(vision);
+        }
         Ok(Engine {
             model,
             front,

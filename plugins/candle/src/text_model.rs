@@ -72,7 +72,7 @@ impl TextModel {
         sink: &mut (dyn FnMut(&TokenDelta) -> bool + Send),
         pool: &rayon::ThreadPool,
     ) -> Result<GenerationRecord, PluginError> {
-        self.refuse_media(snapshot)?;
+        self.refuse_media(snapshot, pool)?;
         let engine = self.engine(pool)?;
         let started = self.prompts.start(snapshot, |group| {
             self.with_store(|store| {
@@ -94,7 +94,7 @@ impl TextModel {
     ) -> Result<Vec<GenerationRecord>, PluginError> {
         snapshots
             .iter()
-            .try_for_each(|snapshot| self.refuse_media(snapshot))?;
+            .try_for_each(|snapshot| self.refuse_media(snapshot, pool))?;
         let engine = self.engine(pool)?;
         let mut records = Vec::with_capacity(snapshots.len());
         for (g, group) in snapshots.chunks(kernels::ROWS).enumerate() {
@@ -158,7 +158,7 @@ impl TextModel {
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         snapshots
             .iter()
-            .try_for_each(|snapshot| self.refuse_media(snapshot))?;
+            .try_for_each(|snapshot| self.refuse_media(snapshot, pool))?;
         let engine = self.engine(pool)?;
         self.with_store(|store| install(pool, || engine.score_batch(snapshots, reply, store)))
     }
@@ -170,7 +170,7 @@ impl TextModel {
         hiding: (&[TextSpan], &[Vec<u32>], u32),
         pool: &rayon::ThreadPool,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        self.refuse_media(snapshot)?;
+        self.refuse_media(snapshot, pool)?;
         let engine = self.engine(pool)?;
         self.with_store(|store| {
             install(pool, || engine.score_hidden(snapshot, reply, hiding, store))
@@ -183,7 +183,7 @@ impl TextModel {
         add_special: bool,
         pool: &rayon::ThreadPool,
     ) -> Result<TokenizeRecord, PluginError> {
-        self.refuse_media(snapshot)?;
+        self.refuse_media(snapshot, pool)?;
         self.with_front(pool, |front| front.tokenize(snapshot, add_special))
     }
 
@@ -308,8 +308,13 @@ impl TextModel {
         )
     }
 
-    /// Audio or an image sent to a text model is refused, naming the model.
-    fn refuse_media(&self, snapshot: &ConversationSnapshot) -> Result<(), PluginError> {
+    /// Audio sent to a text model is refused, naming the model, and so is an image unless
+    /// the model (loaded for it) sees images.
+    fn refuse_media(
+        &self,
+        snapshot: &ConversationSnapshot,
+        pool: &rayon::ThreadPool,
+    ) -> Result<(), PluginError> {
         if snapshot.has_audio() {
             return Err(PluginError::invalid_input(format!(
                 "audio snapshots need an audio model; `{}` loaded as a text-only causal \
@@ -317,7 +322,7 @@ impl TextModel {
                 self.model_id
             )));
         }
-        if snapshot.has_images() {
+        if snapshot.has_images() && !self.engine(pool)?.front.sees_images() {
             return Err(PluginError::invalid_input(format!(
                 "the conversation has an image; `{}` loaded as a text-only causal language \
                  model, which cannot see images",

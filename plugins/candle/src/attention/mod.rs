@@ -27,6 +27,10 @@ pub struct AttnParams<'a> {
     /// Keys hidden from some queries besides (explain's `hide` absence); an implementation
     /// must honour it as the mask of [`hidden_mask`] does.
     pub hidden: Option<Hidden<'a>>,
+    /// Runs of positions that see each other whole (one image's tokens, as Gemma 3 attends
+    /// to them): a query in a run sees every key of its run, later ones too, as
+    /// [`hidden_mask`] does. A run lies within this call's queries.
+    pub blocks: &'a [Range<usize>],
 }
 
 /// Key positions `keys` are invisible to the queries at positions `from..`: the reply rows of
@@ -114,10 +118,15 @@ pub fn names() -> Vec<String> {
 }
 
 /// The additive-mask decision: may query `qi` (absolute position) see key `kj`, which
-/// `hidden` (when set) says is one of the hidden keys?
-fn visible(qi: usize, kj: usize, window: Option<usize>, hidden: Option<(usize, bool)>) -> bool {
-    kj <= qi
-        && window.is_none_or(|w| qi - kj < w)
+/// `hidden` (when set) says is one of the hidden keys? `same_block`: both lie in one run of
+/// [`AttnParams::blocks`].
+fn visible(
+    (qi, kj): (usize, usize),
+    window: Option<usize>,
+    hidden: Option<(usize, bool)>,
+    same_block: bool,
+) -> bool {
+    (same_block || (kj <= qi && window.is_none_or(|w| qi - kj < w)))
         && hidden.is_none_or(|(from, hidden)| qi < from || !hidden)
 }
 
@@ -127,21 +136,30 @@ pub fn hidden_mask(
     q_len: usize,
     offset: usize,
     kv_len: usize,
-    (window, hidden): (Option<usize>, Option<Hidden<'_>>),
+    p: &AttnParams<'_>,
     device: &Device,
 ) -> Result<Option<Tensor>> {
-    // Which keys are hidden, looked up once per key rather than once per query and key.
+    // Which keys are hidden, and which run each position lies in, looked up once per key
+    // rather than once per query and key.
     let mut hidden_keys = vec![false; kv_len];
-    for r in hidden.iter().flat_map(|h| h.keys) {
+    for r in p.hidden.iter().flat_map(|h| h.keys) {
         hidden_keys[r.start.min(kv_len)..r.end.min(kv_len)].fill(true);
     }
-    let from = hidden.map(|h| h.from);
+    let mut block_of = vec![usize::MAX; kv_len];
+    for (b, r) in p.blocks.iter().enumerate() {
+        block_of[r.start.min(kv_len)..r.end.min(kv_len)].fill(b);
+    }
+    let from = p.hidden.map(|h| h.from);
+    let block_of = &block_of;
     let mask: Vec<u8> = (0..q_len)
         .flat_map(|i| {
             let hidden_keys = &hidden_keys;
+            let qi = offset + i;
+            let q_block = block_of.get(qi).copied().unwrap_or(usize::MAX);
             (0..kv_len).map(move |j| {
                 let hidden = from.map(|from| (from, hidden_keys[j]));
-                u8::from(!visible(offset + i, j, window, hidden))
+                let same_block = q_block != usize::MAX && block_of[j] == q_block;
+                u8::from(!visible((qi, j), p.sliding_window, hidden, same_block))
             })
         })
         .collect();
@@ -207,13 +225,7 @@ impl Attention for Eager {
         let grouped = q.contiguous()?.reshape((b, kv_heads, p.n_rep * q_len, d))?;
         let scores = (grouped.matmul(&k.t()?)? * p.scale)?;
         let scores = scores.reshape((b, kv_heads, p.n_rep, q_len, kv_len))?;
-        let mask = hidden_mask(
-            q_len,
-            p.offset,
-            kv_len,
-            (p.sliding_window, p.hidden),
-            q.device(),
-        )?;
+        let mask = hidden_mask(q_len, p.offset, kv_len, p, q.device())?;
         let scores = apply_mask(&scores, mask.as_ref())?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((
             b,
@@ -259,13 +271,7 @@ impl Attention for Chunked {
             let scores = (qc.matmul(&kt)? * p.scale)?;
             let kv_len = kt.dim(D::Minus1)?;
             let scores = scores.reshape((b, kv_heads, p.n_rep, len, kv_len))?;
-            let mask = hidden_mask(
-                len,
-                p.offset + start,
-                kv_len,
-                (p.sliding_window, p.hidden),
-                q.device(),
-            )?;
+            let mask = hidden_mask(len, p.offset + start, kv_len, p, q.device())?;
             let scores = apply_mask(&scores, mask.as_ref())?;
             let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((
                 b,
@@ -339,6 +345,7 @@ mod tests {
                 offset,
                 sliding_window: window,
                 hidden: None,
+                blocks: &[],
             };
             let reference = Eager { key_align: 1 }.forward(&q, &k, &v, &p).unwrap();
             for name in names() {
@@ -396,6 +403,7 @@ mod tests {
                     offset,
                     sliding_window,
                     hidden: None,
+                    blocks: &[],
                 },
             })
             .collect();
@@ -455,6 +463,7 @@ mod tests {
             offset,
             sliding_window: None,
             hidden,
+            blocks: &[],
         };
         let expected: Vec<Tensor> = (0..q_len)
             .map(|i| {
@@ -492,9 +501,51 @@ mod tests {
 
     #[test]
     fn sliding_window_hides_old_keys() {
-        let m = hidden_mask(1, 5, 6, (Some(2), None), &Device::Cpu)
-            .unwrap()
-            .unwrap();
+        let p = AttnParams {
+            scale: 1.0,
+            n_rep: 1,
+            offset: 5,
+            sliding_window: Some(2),
+            hidden: None,
+            blocks: &[],
+        };
+        let m = hidden_mask(1, 5, 6, &p, &Device::Cpu).unwrap().unwrap();
         assert_eq!(m.to_vec2::<u8>().unwrap(), vec![vec![1, 1, 1, 1, 0, 0]]);
+    }
+
+    /// A run of [`AttnParams::blocks`] sees itself whole, later keys of the run too, and
+    /// nothing of a later run; outside the runs attention stays causal. Every implementation
+    /// honours it as eager does.
+    #[test]
+    fn blocks_see_themselves_whole() {
+        let blocks = [3..6, 7..9];
+        let p = AttnParams {
+            scale: 0.35,
+            n_rep: 3,
+            offset: 2,
+            sliding_window: Some(2),
+            hidden: None,
+            blocks: &blocks,
+        };
+        let m = hidden_mask(8, 2, 10, &p, &Device::Cpu).unwrap().unwrap();
+        let visible = |q: usize| -> Vec<usize> {
+            let row = &m.to_vec2::<u8>().unwrap()[q - 2];
+            (0..10).filter(|&k| row[k] == 0).collect()
+        };
+        assert_eq!(visible(2), [1, 2]);
+        assert_eq!(visible(3), [2, 3, 4, 5]);
+        assert_eq!(visible(5), [3, 4, 5]);
+        assert_eq!(visible(6), [5, 6]);
+        assert_eq!(visible(7), [6, 7, 8]);
+        register("chunked_blocks", Arc::new(Chunked { chunk: 3 }));
+        let q = rand((1, 6, 8, 8), 0.3);
+        let k = rand((1, 2, 10, 8), 1.1);
+        let v = rand((1, 2, 10, 8), 2.9);
+        let eager = Eager::default().forward(&q, &k, &v, &p).unwrap();
+        let chunked = get("chunked_blocks")
+            .unwrap()
+            .forward(&q, &k, &v, &p)
+            .unwrap();
+        assert!(max_diff(&eager, &chunked) < 1e-5);
     }
 }

@@ -16,6 +16,7 @@ pub mod rope;
 pub mod step;
 pub mod whisper;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
@@ -25,6 +26,7 @@ use candle_core::{Result, Tensor};
 use crate::attention::{Attention, AttnParams, Hidden, RowKeys};
 use crate::kv::KvState;
 use crate::weights::{self, WeightFormat, WeightSource};
+use lmhost_plugin_kit::multimodal::image_runs;
 
 use decoder::{BlockLoader, Decoder, LlamaConfig, LoadResult};
 
@@ -291,6 +293,19 @@ pub fn attend_packed(
     let (_, nh, rows, d) = q.dims4()?;
     let n_rep = nh / k.dim(1)?;
     let decode = weights::is_generating() && seqs.iter().all(|s| s.ids.len() == 1);
+    // Each image's tokens see each other whole, so an image must run whole in one pass; its
+    // closing marker always follows it, so a run that reaches a pass's end was cut there.
+    let blocks: Vec<Vec<Range<usize>>> = (seqs.iter().zip(starts))
+        .map(|(s, &start)| image_runs(s.ids, start))
+        .collect();
+    for (s, runs) in seqs.iter().zip(&blocks) {
+        if runs
+            .last()
+            .is_some_and(|r| r.end == s.start() + s.ids.len())
+        {
+            candle_core::bail!("a prompt's pass ends inside an image, whose tokens must run whole");
+        }
+    }
     let mut outs = Vec::with_capacity(seqs.len());
     let mut states = Vec::with_capacity(seqs.len());
     let mut row = 0;
@@ -313,6 +328,7 @@ pub fn attend_packed(
             offset,
             sliding_window,
             hidden: seq.hidden,
+            blocks: &blocks[j],
         };
         if decode {
             states.push((k, v, params));

@@ -238,6 +238,7 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<LoadedLm, String> {
         model,
         text,
         stored_prompts,
+        vision: None,
     })
 }
 

@@ -58,6 +58,8 @@ pub fn fetch(id: &str, revision: &str) -> Result<Files, String> {
     let config = remote.get("config.json")?;
     let tokenizer = remote.get("tokenizer.json")?;
     let tokenizer_config = remote.get("tokenizer_config.json").ok();
+    // Read from beside tokenizer.json when the repository has one.
+    let _ = remote.get("chat_template.jinja");
     let weights = match remote.get("model.safetensors") {
         Ok(single) => vec![single],
         Err(single_err) => {
@@ -86,6 +88,7 @@ pub fn fetch_text(id: &str, revision: &str) -> Result<ModelText, String> {
         remote.get("tokenizer_config.json").ok(),
         remote.get("config.json").ok(),
     );
+    let _ = remote.get("chat_template.jinja");
     text_of(&tokenizer, tokenizer_config.as_deref(), config.as_deref())
         .map_err(|e| format!("hub model {id:?}: {e}"))
 }

@@ -13,6 +13,8 @@ use std::path::Path;
 use lmhost_plugin_api::PluginError;
 use lmhost_plugin_kit::text::ModelText;
 
+use lmhost_plugin_kit::multimodal::Vision;
+
 use crate::models::BuildOptions;
 use crate::models::CausalLm;
 
@@ -22,6 +24,8 @@ pub struct LoadedLm {
     pub text: ModelText,
     /// A generation's prompt runs through the decode copies ([`crate::weights::stored_prompts`]).
     pub stored_prompts: bool,
+    /// A vision-language model's processor and image ids.
+    pub vision: Option<Vision>,
 }
 
 /// Where a model id points.

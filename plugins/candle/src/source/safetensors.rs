@@ -1,20 +1,23 @@
 //! Hugging Face checkpoints: `config.json`, `tokenizer.json`, `tokenizer_config.json` (chat
 //! template, special tokens) and safetensors weights, one file or shards listed in an index.
 //! A Gemma 3 checkpoint is read as llama.cpp's converter reads it: 1 added to every norm weight
-//! (Transformers computes x·(1 + w), the model takes the multiplier), and of a multimodal one
-//! only the language model.
+//! (Transformers computes x·(1 + w), the model takes the multiplier); a multimodal one with its
+//! image processor's files also gets its vision tower, projector and processor.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device};
+use lmhost_plugin_kit::multimodal::{Gemma3Processor, ResizeNormalize, Vision};
 use lmhost_plugin_kit::text::ModelText;
 use serde_json::Value;
 
 use super::LoadedLm;
 use crate::memory::WeightBytes;
 use crate::models::decoder::LlamaConfig;
+use crate::models::gemma3::vision::{self, Gemma3Vision, ImageFeatures, VisionConfig};
 use crate::models::gemma3::{self, Gemma3, Gemma3Config};
 use crate::models::BuildOptions;
 use crate::models::{text_architectures, CausalLm};
@@ -329,13 +332,68 @@ pub fn load(
     build.format = crate::memory::fit(&build, &bytes)?;
     let stored_prompts =
         crate::weights::stored_prompts(build.format, bytes.quantized(), build.dtype, &build.device);
-    let model: Box<dyn CausalLm> = match cfg {
-        Config::Llama(cfg) => Box::new(crate::models::load_decoder(cfg, &mut source, build)?),
-        Config::Gemma3(gemma) => Box::new(Gemma3::load(gemma.cfg, &mut source, build)?),
+    let (model, vision): (Box<dyn CausalLm>, _) = match cfg {
+        Config::Llama(cfg) => (
+            Box::new(crate::models::load_decoder(cfg, &mut source, build)?),
+            None,
+        ),
+        Config::Gemma3(gemma) => {
+            let eyes = match gemma.multimodal {
+                true => gemma3_vision(files, &config_json, &text)?,
+                false => None,
+            };
+            let mut model = Gemma3::load(gemma.cfg, &mut source, build)?;
+            if let Some((features, _)) = &eyes {
+                model = model.seeing(features.clone());
+            }
+            (Box::new(model), eyes.map(|(_, vision)| vision))
+        }
     };
     Ok(LoadedLm {
         model,
         text,
         stored_prompts,
+        vision,
     })
+}
+
+/// A multimodal Gemma 3 checkpoint's vision tower, projector and processor, when it ships its
+/// image processor's `preprocessor_config.json` (else it runs as the language model alone, and
+/// refuses images); errors name the file.
+fn gemma3_vision(
+    files: &Files,
+    config: &Value,
+    text: &ModelText,
+) -> Result<Option<(Arc<ImageFeatures>, Vision)>, String> {
+    let preprocessor = files.config.with_file_name("preprocessor_config.json");
+    if !preprocessor.is_file() {
+        return Ok(None);
+    }
+    fn at(path: &Path) -> impl Fn(String) -> String + '_ {
+        move |e| format!("{}: {e}", path.display())
+    }
+    let pixels: Value = serde_json::from_str(&read(&preprocessor)?)
+        .map_err(|e| format!("{}: {e}", preprocessor.display()))?;
+    let pixels = ResizeNormalize::from_config(&pixels).map_err(at(&preprocessor))?;
+    let cfg: VisionConfig =
+        serde_json::from_value(config.clone()).map_err(|e| at(&files.config)(e.to_string()))?;
+    let vb = vision::var_builder(&files.weights).map_err(|e| e.to_string())?;
+    let tower = Gemma3Vision::load(&cfg, vb).map_err(|e| format!("vision tower: {e}"))?;
+    if (pixels.height, pixels.width) != (tower.image_size() as u32, tower.image_size() as u32) {
+        return Err(format!(
+            "{}: images are resized to {}x{}, but the vision tower takes {side}x{side}",
+            preprocessor.display(),
+            pixels.height,
+            pixels.width,
+            side = tower.image_size()
+        ));
+    }
+    let processor = Gemma3Processor::new(cfg.mm_tokens_per_image, |t| text.tokenizer.id(t))
+        .map_err(at(&files.tokenizer))?;
+    let features = Arc::new(ImageFeatures::new(tower, pixels));
+    let vision = Vision {
+        processor: Arc::new(processor),
+        ids: features.clone(),
+    };
+    Ok(Some((features, vision)))
 }

@@ -16,6 +16,9 @@
 mod config;
 pub mod vision;
 
+use lmhost_plugin_kit::multimodal::{image_runs, FIRST_IMAGE_ID};
+use vision::ImageFeatures;
+
 use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
@@ -58,6 +61,9 @@ struct Block {
 pub struct Gemma3 {
     cfg: Gemma3Config,
     embed: Embedding,
+    /// A multimodal model's image features, which stand in the input where its prompts hold
+    /// image ids.
+    images: Option<Arc<ImageFeatures>>,
     /// sqrt(hidden) as a 0-d tensor in the compute dtype (rounded to it, as Transformers does).
     embed_scale: Tensor,
     blocks: Vec<Block>,
@@ -158,6 +164,7 @@ impl Gemma3 {
             kv_dtype: opts.kv_dtype,
             embed,
             embed_scale,
+            images: None,
             blocks,
             norm,
             lm_head,
@@ -217,13 +224,51 @@ impl Gemma3 {
         b.down.forward(&glu::gated(Act::GeluTanh, &gate, &up)?)
     }
 
-    /// The scaled input embeddings of `ids`, `(1, ids.len(), h)`.
+    /// This model seeing images: prompts' image ids take their rows from `images`.
+    pub fn seeing(self, images: Arc<ImageFeatures>) -> Self {
+        Gemma3 {
+            images: Some(images),
+            ..self
+        }
+    }
+
+    /// The input rows of `ids`, `(1, ids.len(), h)`: token embeddings scaled by sqrt(h), and
+    /// an image id's features as they are (Transformers scatters them in after scaling).
     fn embed_rows(&self, ids: &[u32]) -> Result<Tensor> {
-        let ids = Tensor::new(ids, &self.embed.device())?;
-        self.embed
-            .forward(&ids)?
-            .broadcast_mul(&self.embed_scale)?
-            .unsqueeze(0)
+        let images = ids.iter().any(|&id| id >= FIRST_IMAGE_ID);
+        let tokens: Vec<u32> = match images {
+            // Any token: its row is replaced below.
+            true => ids
+                .iter()
+                .map(|&id| if id >= FIRST_IMAGE_ID { 0 } else { id })
+                .collect(),
+            false => ids.to_vec(),
+        };
+        let tokens = Tensor::new(tokens, &self.embed.device())?;
+        let x = self
+            .embed
+            .forward(&tokens)?
+            .broadcast_mul(&self.embed_scale)?;
+        if !images {
+            return x.unsqueeze(0);
+        }
+        let Some(features) = &self.images else {
+            candle_core::bail!("a prompt holds image ids, but this model has no vision tower");
+        };
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for run in image_runs(ids, 0) {
+            if run.start > at {
+                pieces.push(x.narrow(0, at, run.start - at)?);
+            }
+            let rows = features.rows(&ids[run.clone()])?;
+            pieces.push(rows.to_dtype(x.dtype())?.to_device(x.device())?);
+            at = run.end;
+        }
+        if at < ids.len() {
+            pieces.push(x.narrow(0, at, ids.len() - at)?);
+        }
+        Tensor::cat(&pieces, 0)?.unsqueeze(0)
     }
 
     /// Runs the blocks over every sequence's ids, returning the final normalized hidden states
@@ -305,7 +350,10 @@ impl super::CausalLm for Gemma3 {
         seqs: &mut [Seq<'_>],
         hidden: bool,
     ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
-        if self.steps_in_place && !hidden && step::is_decode(seqs) {
+        let images = seqs
+            .iter()
+            .any(|s| s.ids.iter().any(|&id| id >= FIRST_IMAGE_ID));
+        if self.steps_in_place && !hidden && !images && step::is_decode(seqs) {
             let logits = Workspace::with(|ws| self.decode_step(seqs, ws))?;
             return Ok((logits, None));
         }
