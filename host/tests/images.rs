@@ -1,0 +1,134 @@
+//! A conversation with an image through the `lmhost` binary and `lmhost serve` on a tiny
+//! vision-language model (a random Gemma 3 that `scripts/vlm-reference.py` wrote, whose scores
+//! the candle backend's tests check against Transformers): generate, score and explain with
+//! message players, and a chat completion with an `image_url`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+mod common;
+
+use common::{explain_json, post, repo, values, TestServer, MODEL};
+
+fn model() -> PathBuf {
+    repo().join("plugins/candle/tests/data/tiny-gemma3-vlm")
+}
+
+fn config() -> String {
+    format!(
+        "[backend]\nkind = \"candle\"\nmodel_id = \"{}\"\n[backend.options]\nweights = \"f32\"\n\
+         [generation]\nmax_new_tokens = 4\ntemperature = 0.0\n",
+        model().display()
+    )
+}
+
+/// A config and a conversation (a system message, then the noise image and a question) in `dir`.
+fn files(dir: &Path) -> (PathBuf, PathBuf) {
+    let config = dir.join("vlm.toml");
+    std::fs::write(&config, config_text()).unwrap();
+    let content = json!([
+        {"type": "image", "path": model().join("noise.png")},
+        {"type": "text", "text": "What is this?"},
+    ]);
+    let messages = json!({"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": content},
+    ]});
+    let conversation = dir.join("image.json");
+    std::fs::write(&conversation, messages.to_string()).unwrap();
+    (config, conversation)
+}
+
+fn config_text() -> String {
+    config()
+}
+
+fn lmhost(args: &[&Path], more: &[&str]) -> Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
+        .arg("-q")
+        .args(more)
+        .args(args)
+        .output()
+        .expect("lmhost runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{more:?}: {stderr}");
+    output
+}
+
+#[test]
+fn generate_score_and_explain_a_conversation_with_an_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, conversation) = files(dir.path());
+    let config_args = ["--config".as_ref(), config.as_path()];
+    let with = |command: &str, extra: &[&str]| {
+        let mut more = vec![command, "--conversation", conversation.to_str().unwrap()];
+        more.extend(extra);
+        lmhost(&config_args.map(Path::new), &more)
+    };
+    let record: Value = serde_json::from_slice(&with("generate", &["--json"]).stdout).unwrap();
+    assert!(
+        !record["token_ids"].as_array().unwrap().is_empty(),
+        "{record}"
+    );
+    // The image's 4 soft tokens and its markers are part of the prompt.
+    assert!(
+        record["prompt_tokens"].as_u64().unwrap() > 6 + 8,
+        "{record}"
+    );
+    let scored: Value =
+        serde_json::from_slice(&with("score", &["--reply", "It is red.", "--json"]).stdout)
+            .unwrap();
+    assert_eq!(scored["logprobs"].as_array().unwrap().len(), 4, "{scored}");
+    let report = explain_json(
+        &dir.path().join("e.json"),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--conversation",
+            conversation.to_str().unwrap(),
+            "--reply",
+            "It is red.",
+            "--estimator",
+            "exact",
+        ],
+    );
+    let players = report["players"].as_array().unwrap();
+    assert_eq!(players.len(), 2, "{report}");
+    assert_eq!(players[1]["text"], "What is this?");
+    let gap = report["efficiency"]["gap"].as_f64().unwrap();
+    let total: f64 = values(&report).iter().sum();
+    assert!(gap.abs() < 1e-4 && total.abs() > 0.0, "{report}");
+}
+
+#[test]
+fn serve_answers_a_chat_with_an_image_url() {
+    let server = TestServer::start(&config(), |_| {});
+    let png = std::fs::read(model().join("flat.png")).unwrap();
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(png)
+    );
+    let content = json!([
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "What is this?"},
+    ]);
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 3,
+    });
+    let answer = post(&server.url("/v1/chat/completions"), &body.to_string());
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let reply = answer.json();
+    assert!(
+        reply["choices"][0]["message"]["content"].is_string(),
+        "{reply}"
+    );
+    assert!(
+        reply["usage"]["prompt_tokens"].as_u64().unwrap() > 10,
+        "{reply}"
+    );
+}
