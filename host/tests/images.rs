@@ -28,7 +28,7 @@ fn config() -> String {
 /// A config and a conversation (a system message, then the noise image and a question) in `dir`.
 fn files(dir: &Path) -> (PathBuf, PathBuf) {
     let config = dir.join("vlm.toml");
-    std::fs::write(&config, config_text()).unwrap();
+    std::fs::write(&config, self::config()).unwrap();
     let content = json!([
         {"type": "image", "path": model().join("noise.png")},
         {"type": "text", "text": "What is this?"},
@@ -42,19 +42,15 @@ fn files(dir: &Path) -> (PathBuf, PathBuf) {
     (config, conversation)
 }
 
-fn config_text() -> String {
-    config()
-}
-
-fn lmhost(args: &[&Path], more: &[&str]) -> Output {
+/// Runs `lmhost -q <args>`, which must succeed.
+fn lmhost(args: &[&str]) -> Output {
     let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
         .arg("-q")
-        .args(more)
         .args(args)
         .output()
         .expect("lmhost runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{more:?}: {stderr}");
+    assert!(output.status.success(), "{args:?}: {stderr}");
     output
 }
 
@@ -62,11 +58,11 @@ fn lmhost(args: &[&Path], more: &[&str]) -> Output {
 fn generate_score_and_explain_a_conversation_with_an_image() {
     let dir = tempfile::tempdir().unwrap();
     let (config, conversation) = files(dir.path());
-    let config_args = ["--config".as_ref(), config.as_path()];
+    let (config, conversation) = (config.to_str().unwrap(), conversation.to_str().unwrap());
     let with = |command: &str, extra: &[&str]| {
-        let mut more = vec![command, "--conversation", conversation.to_str().unwrap()];
-        more.extend(extra);
-        lmhost(&config_args.map(Path::new), &more)
+        let mut args = vec![command, "--config", config, "--conversation", conversation];
+        args.extend(extra);
+        lmhost(&args)
     };
     let record: Value = serde_json::from_slice(&with("generate", &["--json"]).stdout).unwrap();
     assert!(
@@ -86,9 +82,9 @@ fn generate_score_and_explain_a_conversation_with_an_image() {
         &dir.path().join("e.json"),
         &[
             "--config",
-            config.to_str().unwrap(),
+            config,
             "--conversation",
-            conversation.to_str().unwrap(),
+            conversation,
             "--reply",
             "It is red.",
             "--estimator",
