@@ -277,3 +277,49 @@ fn generation_after_an_image_starts_with_transformers_greedy_token() {
         assert_eq!(record.token_ids.as_slice(), [greedy as u32], "{name}");
     }
 }
+
+/// A copy of the tiny VLM in a temporary directory, with `edit` applied to its files.
+fn edited(edit: impl FnOnce(&std::path::Path)) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+    }
+    edit(copy.path());
+    copy
+}
+
+/// A checkpoint whose config and tokenizer disagree on the image token, or whose image
+/// processor's file is broken, fails to load naming the file; one without that file runs as a
+/// language model and refuses an image by name.
+#[test]
+fn bad_vision_files_are_named() {
+    let (snapshot, reply) = chat("one");
+    let error = |dir: &tempfile::TempDir| {
+        let backend = common::backend(dir.path(), serde_json::json!({"weights": "f32"}));
+        backend
+            .score(&snapshot, reply)
+            .unwrap_err()
+            .message
+            .to_string()
+    };
+    let mismatched = edited(|d| {
+        let config = std::fs::read_to_string(d.join("config.json")).unwrap();
+        let config = config.replace("\"image_token_index\": 62", "\"image_token_index\": 5");
+        std::fs::write(d.join("config.json"), config).unwrap();
+    });
+    let err = error(&mismatched);
+    assert!(
+        err.contains("`image_token_index` is 5") && err.contains("62"),
+        "{err}"
+    );
+    let broken = edited(|d| std::fs::write(d.join("preprocessor_config.json"), "{}").unwrap());
+    let err = error(&broken);
+    assert!(
+        err.contains("preprocessor_config.json") && err.contains("`image_std`"),
+        "{err}"
+    );
+    let missing = edited(|d| std::fs::remove_file(d.join("preprocessor_config.json")).unwrap());
+    let err = error(&missing);
+    assert!(err.contains("cannot see images"), "{err}");
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device};
-use lmhost_plugin_kit::multimodal::{Gemma3Processor, ResizeNormalize, Vision};
+use lmhost_plugin_kit::multimodal::{Gemma3Processor, Processor, ResizeNormalize, Vision};
 use lmhost_plugin_kit::text::ModelText;
 use serde_json::Value;
 
@@ -390,6 +390,17 @@ fn gemma3_vision(
     }
     let processor = Gemma3Processor::new(cfg.mm_tokens_per_image, |t| text.tokenizer.id(t))
         .map_err(at(&files.tokenizer))?;
+    if let Some(id) = cfg
+        .image_token_index
+        .filter(|&id| id != processor.image_token_id())
+    {
+        return Err(format!(
+            "{}: `image_token_index` is {id}, but the tokenizer's `{}` is {}",
+            files.config.display(),
+            processor.image_token(),
+            processor.image_token_id()
+        ));
+    }
     let features = Arc::new(ImageFeatures::new(tower, pixels));
     let vision = Vision {
         processor: Arc::new(processor),

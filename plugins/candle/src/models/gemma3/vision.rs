@@ -24,6 +24,9 @@ pub struct VisionConfig {
     pub vision_config: siglip::VisionConfig,
     #[serde(default = "default_tokens_per_image")]
     pub mm_tokens_per_image: usize,
+    /// The soft token's id, which the tokenizer must agree with.
+    #[serde(default)]
+    pub image_token_index: Option<u32>,
 }
 
 fn default_tokens_per_image() -> usize {
