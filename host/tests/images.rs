@@ -1,7 +1,8 @@
 //! A conversation with an image through the `lmhost` binary and `lmhost serve` on a tiny
 //! vision-language model (a random Gemma 3 that `scripts/vlm-reference.py` wrote, whose scores
 //! the candle backend's tests check against Transformers): generate, score and explain with
-//! message players, and a chat completion with an `image_url`.
+//! message players, tokenize with each position's modality, and a chat completion and
+//! `/tokenize` with an `image_url`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -74,6 +75,14 @@ fn generate_score_and_explain_a_conversation_with_an_image() {
         record["prompt_tokens"].as_u64().unwrap() > 6 + 8,
         "{record}"
     );
+    let tokens: Value = serde_json::from_slice(&with("tokenize", &["--json"]).stdout).unwrap();
+    let image = tokens["mm_token_type_ids"].as_array().unwrap();
+    assert_eq!(
+        image.iter().filter(|m| m.as_u64() == Some(1)).count(),
+        6,
+        "{tokens}"
+    );
+    assert_eq!(tokens["images"], json!([{"tokens": 4, "patches": 1}]));
     let scored: Value =
         serde_json::from_slice(&with("score", &["--reply", "It is red.", "--json"]).stdout)
             .unwrap();

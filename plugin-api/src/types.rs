@@ -454,13 +454,44 @@ impl ScoreRecord {
     }
 }
 
-/// What `tokenize` returns: the prompt's token ids and each token's text.
+/// What `tokenize` returns: the prompt's token ids and each token's text, and for a prompt
+/// with images what each position holds and what each image became.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenizeRecord {
     pub token_ids: RVec<u32>,
     /// One per id: the token's own text (a piece of a multi-byte character decodes lossily).
     pub pieces: RVec<RString>,
+    /// One per id where the prompt has images, else empty: 0 text, 1 image (2 video), an
+    /// image's start, end, row and column markers counted as image (Transformers'
+    /// `mm_token_type_ids`, with the design document's rule for markers).
+    #[serde(default)]
+    pub mm_token_type_ids: RVec<u8>,
+    /// Per image, in prompt order: its placeholder tokens and patches.
+    #[serde(default)]
+    pub images: RVec<ImageTokens>,
+}
+
+impl TokenizeRecord {
+    /// A prompt of text alone.
+    pub fn text(token_ids: Vec<u32>, pieces: Vec<RString>) -> Self {
+        TokenizeRecord {
+            token_ids: token_ids.into(),
+            pieces: pieces.into(),
+            mm_token_type_ids: RVec::new(),
+            images: RVec::new(),
+        }
+    }
+}
+
+/// What one image becomes in a prompt.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageTokens {
+    /// Placeholder tokens, each replaced by one vector of image features (markers not counted).
+    pub tokens: u32,
+    /// The patches (tiles) the image is cut into, the whole image's view included.
+    pub patches: u32,
 }
 
 /// What `embed` returns for one text: its vector and how many tokens the model read.

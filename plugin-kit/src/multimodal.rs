@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+pub use lmhost_plugin_api::ImageTokens;
 use lmhost_plugin_api::{Image, PluginError};
 
 /// Prompt ids from here up stand for image features, not tokens: a vision-language backend
@@ -60,15 +61,6 @@ pub enum Modality {
     Image = 1,
     /// Reserved: no processor here takes video.
     Video = 2,
-}
-
-/// What one image becomes in a prompt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ImageTokens {
-    /// Placeholder tokens, each replaced by one vector of image features.
-    pub tokens: usize,
-    /// The patches (tiles) the image is cut into, the whole image's view included.
-    pub patches: usize,
 }
 
 /// A vision-language model's processor, as far as the prompt is concerned.
@@ -152,7 +144,7 @@ impl Processor for Gemma3Processor {
     /// Pan-and-scan crops are not made (Transformers' default): one view of each image.
     fn image_tokens(&self, _size: (u32, u32)) -> ImageTokens {
         ImageTokens {
-            tokens: self.tokens_per_image,
+            tokens: self.tokens_per_image as u32,
             patches: 1,
         }
     }
@@ -288,9 +280,9 @@ impl Processor for Idefics3Processor {
 
     fn image_tokens(&self, size: (u32, u32)) -> ImageTokens {
         let (rows, cols) = self.grid(size);
-        let patches = (rows * cols) as usize + 1;
+        let patches = rows * cols + 1;
         ImageTokens {
-            tokens: patches * self.image_seq_len,
+            tokens: patches * self.image_seq_len as u32,
             patches,
         }
     }

@@ -203,7 +203,7 @@ impl TextFrontEnd {
         let placeholder = processor.image_token_id();
         let mut at = 0;
         for image in images {
-            let count = processor.image_tokens((image.height, image.width)).tokens;
+            let count = processor.image_tokens((image.height, image.width)).tokens as usize;
             let first = vision.ids.ids_of(image, count)?;
             let Some(start) = ids[at..].iter().position(|&id| id == placeholder) else {
                 return Err(PluginError::internal("an image's placeholders are missing"));
@@ -261,24 +261,31 @@ impl TextFrontEnd {
         snapshot: &ConversationSnapshot,
         add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
-        let prompt = match &self.vision {
-            Some(vision) => {
+        let (prompt, images) = match &self.vision {
+            Some(vision) if snapshot.has_images() => {
                 let processor = vision.processor.as_ref();
-                (self.format)
-                    .render_with_images(snapshot, &self.model_id, processor)?
-                    .0
+                let (prompt, images) =
+                    (self.format).render_with_images(snapshot, &self.model_id, processor)?;
+                let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.height, i.width)).collect();
+                (
+                    prompt,
+                    Some((processor, processor.num_multimodal_tokens(&sizes))),
+                )
             }
-            None => self.format.render(snapshot, &self.model_id)?,
+            _ => (self.format.render(snapshot, &self.model_id)?, None),
         };
         let ids = self.encode(&prompt.text, add_special && prompt.add_special)?;
         let pieces = ids
             .iter()
             .map(|&id| self.decode(&[id], false).map(Into::into))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(TokenizeRecord {
-            token_ids: ids.into(),
-            pieces: pieces.into(),
-        })
+        let mut record = TokenizeRecord::text(ids, pieces);
+        if let Some((processor, counts)) = images {
+            let modalities = processor.modalities(&record.token_ids);
+            record.mm_token_type_ids = modalities.into_iter().map(|m| m as u8).collect();
+            record.images = counts.into();
+        }
+        Ok(record)
     }
 
     /// The prompt's tokens, checked to be non-empty and to leave room for `extra` tokens.

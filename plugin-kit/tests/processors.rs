@@ -38,8 +38,8 @@ fn check(name: &str, processor: &dyn Processor, tokenizer: &Tokenizer, marker: &
         );
         let what = format!("{name} {size:?}");
         let expected = ImageTokens {
-            tokens: case["num_image_tokens"].as_u64().unwrap() as usize,
-            patches: case["num_image_patches"].as_u64().unwrap() as usize,
+            tokens: case["num_image_tokens"].as_u64().unwrap() as u32,
+            patches: case["num_image_patches"].as_u64().unwrap() as u32,
         };
         assert_eq!(
             processor.num_multimodal_tokens(&[size]),
@@ -60,7 +60,7 @@ fn check(name: &str, processor: &dyn Processor, tokenizer: &Tokenizer, marker: &
             .collect();
         assert_eq!(ids, theirs, "{what}");
         let placeholders = ids.iter().filter(|&&i| i == processor.image_token_id());
-        assert_eq!(placeholders.count(), expected.tokens, "{what}");
+        assert_eq!(placeholders.count(), expected.tokens as usize, "{what}");
         let ours: Vec<u64> = (processor.modalities(&ids).iter())
             .map(|&m| m as u64)
             .collect();

@@ -42,11 +42,16 @@ pub fn tokenize(args: &TokenizeArgs) -> Result<()> {
     let (_, snapshot, backend) = open(&args.config, &args.input)?;
     let record = backend.tokenize(&snapshot, !args.no_special)?;
     if args.json {
-        return print_json(&json!({
+        let mut document = json!({
             "count": record.token_ids.len(),
             "token_ids": record.token_ids,
             "pieces": record.pieces,
-        }));
+        });
+        if !record.images.is_empty() {
+            document["mm_token_type_ids"] = json!(record.mm_token_type_ids);
+            document["images"] = json!(record.images);
+        }
+        return print_json(&document);
     }
     let ids: Vec<String> = record.token_ids.iter().map(u32::to_string).collect();
     println!("{}", ids.join(" "));

@@ -64,11 +64,16 @@ pub(super) async fn tokenize(
         .return_token_strs
         .unwrap_or(false)
         .then(|| json!(record.pieces));
-    Ok(Json(json!({
+    let mut answer = json!({
         "count": ids.len(),
         "tokens": tokens,
         "token_strs": token_strs,
-    })))
+    });
+    if !record.images.is_empty() {
+        answer["mm_token_type_ids"] = json!(record.mm_token_type_ids);
+        answer["images"] = json!(record.images);
+    }
+    Ok(Json(answer))
 }
 
 pub(super) async fn detokenize(

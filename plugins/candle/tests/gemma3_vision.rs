@@ -323,3 +323,25 @@ fn bad_vision_files_are_named() {
     let err = error(&missing);
     assert!(err.contains("cannot see images"), "{err}");
 }
+
+/// Tokenizing a chat with an image gives Transformers' prompt ids, each position's modality
+/// (the image's run from `<start_of_image>` to `<end_of_image>`) and the image's counts.
+#[test]
+fn tokenize_marks_the_image_run() {
+    let backend = common::backend(&dir(), serde_json::json!({"weights": "f32"}));
+    let (snapshot, _) = chat("one");
+    let record = backend.tokenize(&snapshot, true).unwrap();
+    let ids: Vec<i64> = reference("chat.one.ids").to_vec1().unwrap();
+    let prompt_len = reference("chat.one.prompt_len").to_vec1::<i64>().unwrap()[0] as usize;
+    let theirs: Vec<u32> = ids[..prompt_len].iter().map(|&i| i as u32).collect();
+    assert_eq!(record.token_ids.as_slice(), theirs);
+    let image: Vec<usize> = (record.mm_token_type_ids.iter().enumerate())
+        .filter(|(_, &m)| m == 1)
+        .map(|(i, _)| i)
+        .collect();
+    let (first, last) = (image[0], image[image.len() - 1]);
+    assert_eq!(image.len(), last - first + 1, "one contiguous run");
+    assert_eq!((theirs[first], theirs[last], image.len()), (61, 63, 6));
+    assert_eq!(record.images.len(), 1);
+    assert_eq!((record.images[0].tokens, record.images[0].patches), (4, 1));
+}

@@ -173,10 +173,10 @@ impl Backend for Mock {
         } else {
             words.clone()
         };
-        Ok(TokenizeRecord {
-            token_ids: words.iter().map(|w| token_id(w)).collect(),
-            pieces: pieces.into_iter().map(Into::into).collect(),
-        })
+        Ok(TokenizeRecord::text(
+            words.iter().map(|w| token_id(w)).collect(),
+            pieces.into_iter().map(Into::into).collect(),
+        ))
     }
 
     /// The mean of the text's word embeddings: the same text, the same vector.

@@ -80,10 +80,7 @@ fn read_tokens(answer: &Value, url: &str) -> Result<TokenizeRecord, PluginError>
         .and_then(Value::as_array)
         .ok_or_else(bad)?;
     let strs = answer.get("token_strs").and_then(Value::as_array);
-    let mut record = TokenizeRecord {
-        token_ids: Default::default(),
-        pieces: Default::default(),
-    };
+    let mut record = TokenizeRecord::text(Vec::new(), Vec::new());
     for (i, token) in tokens.iter().enumerate() {
         let (id, piece) = match token {
             Value::Number(n) => (n.as_u64(), strs.and_then(|s| s.get(i))),
