@@ -377,7 +377,7 @@ mod tests {
         let asked = rendered.messages().nth(1).unwrap();
         assert_eq!(
             asked.parts.as_slice(),
-            [image(200), Part::text("What is this? ")]
+            [image(200), Part::text("What is this?")]
         );
         let deleted = render(&p, &Coalition::from_members(p.len(), [0]), &Absence::Delete);
         assert!(!deleted.has_images());

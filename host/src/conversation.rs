@@ -51,20 +51,33 @@ enum Content {
     Parts(Vec<FilePart>),
 }
 
-/// A string, or a list of parts whose errors say what is wrong with a part (serde's untagged
-/// enums say only that nothing matched).
 impl<'de> Deserialize<'de> for Content {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        use serde::de::Error as _;
-        match serde_json::Value::deserialize(d)? {
-            serde_json::Value::String(text) => Ok(Content::Text(text)),
-            parts @ serde_json::Value::Array(_) => serde_json::from_value(parts)
-                .map(Content::Parts)
-                .map_err(D::Error::custom),
-            other => Err(D::Error::custom(format!(
-                "`content` is a string or a list of parts, not {other}"
-            ))),
-        }
+        Ok(match text_or_parts(d)? {
+            Ok(text) => Content::Text(text),
+            Err(parts) => Content::Parts(parts),
+        })
+    }
+}
+
+/// A message's `content`: a string (`Ok`) or a list of parts (`Err`), whose errors say what is
+/// wrong with a part (serde's untagged enums say only that nothing matched).
+pub(crate) fn text_or_parts<'de, D, P>(
+    d: D,
+) -> std::result::Result<std::result::Result<String, Vec<P>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    P: serde::de::DeserializeOwned,
+{
+    use serde::de::Error as _;
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(text) => Ok(Ok(text)),
+        parts @ serde_json::Value::Array(_) => serde_json::from_value(parts)
+            .map(Err)
+            .map_err(D::Error::custom),
+        other => Err(D::Error::custom(format!(
+            "`content` is a string or a list of parts, not {other}"
+        ))),
     }
 }
 

@@ -12,6 +12,8 @@ use lmhost_plugin_api::abi_stable::std_types::RVec;
 use lmhost_plugin_api::{Backend, ConversationSnapshot, Message, Part, Role, Turn};
 use lmhost_plugin_kit::multimodal::ResizeNormalize;
 
+mod common;
+
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-gemma3-vlm")
 }
@@ -101,8 +103,6 @@ fn pixel_values_come_close_to_the_image_processors() {
         eprintln!("{name}: pixel values within {pixels}, features within {features}");
     }
 }
-
-mod common;
 
 /// The chat `name` of the reference as a snapshot, its images read from the test images, and
 /// the reply scored after it.
