@@ -37,7 +37,8 @@ pub struct Vision {
 }
 
 /// The runs of image ids in `ids`, as ranges of positions from `offset`: one run per image (an
-/// image's ids are consecutive; the next image's restart).
+/// image's ids are consecutive, and every processor here writes markers between two images,
+/// so two images' runs never touch).
 pub fn image_runs(ids: &[u32], offset: usize) -> Vec<std::ops::Range<usize>> {
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
