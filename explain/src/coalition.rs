@@ -371,6 +371,10 @@ mod tests {
         };
         let p = Players::split(&conversation, &sentences).unwrap();
         assert_eq!(p.players()[3].text, "[image 2x1]");
+        // A message player shows the message's image where it stands.
+        let messages = Players::split(&conversation, &PlayerSpec::default()).unwrap();
+        let shown = &messages.players()[1].text;
+        assert_eq!(shown, "[image 2x1] What is this? Be brief.");
         // The user's second sentence absent: the image still comes first.
         let some = Coalition::from_members(p.len(), [0, 1, 3]);
         let rendered = render(&p, &some, &Absence::Delete);

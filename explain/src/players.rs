@@ -136,7 +136,11 @@ impl Players {
                 let first = players.len();
                 while let Some(unit) = units.next_if(|u| u.message == global) {
                     players.push(Player {
-                        text: player_text(message, &text[unit.span.clone()]),
+                        text: player_text(
+                            message,
+                            &text[unit.span.clone()],
+                            unit.span == (0..text.len()),
+                        ),
                         id: unit.id,
                         role: message.role,
                         turn: t,
@@ -219,25 +223,32 @@ impl Players {
     }
 }
 
-/// What a report shows for a player: its text, or for a message of audio and images alone,
-/// what each part is (`[audio 3.2 s]`, `[image 640x480]`).
-fn player_text(message: &Message, text: &str) -> String {
-    if !text.is_empty() {
+/// What a report shows for a player: its text, and where it is its message's whole text, the
+/// message's audio and images too, in their places (`[image 640x480] What is this?`,
+/// `[audio 3.2 s]`): they stay or go with the message's players.
+fn player_text(message: &Message, text: &str, whole: bool) -> String {
+    if !whole {
         return text.to_string();
     }
-    let media: Vec<String> = message
-        .parts
-        .iter()
-        .filter_map(|part| match part {
-            Part::Audio { audio } if audio.sample_rate > 0 => Some(format!(
+    let mut shown = Vec::new();
+    let mut text_shown = false;
+    for part in message.parts.iter() {
+        match part {
+            Part::Text { .. } if !text_shown && !text.is_empty() => {
+                shown.push(text.to_string());
+                text_shown = true;
+            }
+            Part::Audio { audio } if audio.sample_rate > 0 => shown.push(format!(
                 "[audio {:.1} s]",
                 audio.samples.len() as f64 / f64::from(audio.sample_rate)
             )),
-            Part::Image { image } => Some(format!("[image {}x{}]", image.width, image.height)),
-            _ => None,
-        })
-        .collect();
-    media.join(" ")
+            Part::Image { image } => {
+                shown.push(format!("[image {}x{}]", image.width, image.height))
+            }
+            _ => {}
+        }
+    }
+    shown.join(" ")
 }
 
 /// Byte ranges of the players in one message's text.

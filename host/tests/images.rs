@@ -102,7 +102,7 @@ fn generate_score_and_explain_a_conversation_with_an_image() {
     );
     let players = report["players"].as_array().unwrap();
     assert_eq!(players.len(), 2, "{report}");
-    assert_eq!(players[1]["text"], "What is this?");
+    assert_eq!(players[1]["text"], "[image 80x60] What is this?");
     let gap = report["efficiency"]["gap"].as_f64().unwrap();
     let total: f64 = values(&report).iter().sum();
     assert!(gap.abs() < 1e-4 && total.abs() > 0.0, "{report}");
