@@ -1,7 +1,7 @@
 //! Shapley and Banzhaf attributions of a conversation's parts to a model's answer.
 //!
 //! Architecture invariant: this crate is pure computation, which its dependencies enforce (the
-//! plugin API's types, serde, rand, sha2; never the host). It knows nothing of plugins,
+//! plugin API's types, serde, rand; never the host). It knows nothing of plugins,
 //! backends, files or terminals: it splits a conversation into [`players`], plans the
 //! [`coalition`]s an [`estimators`] needs, renders and [`schedule`]s their prompts, and turns
 //! their values into an [`Explanation`]. The values themselves come from a [`value`] function

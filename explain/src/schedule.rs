@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 
-use lmhost_plugin_api::{Audio, ConversationSnapshot, Part};
-use sha2::{Digest, Sha256};
+use lmhost_plugin_api::{ConversationSnapshot, Part};
 
 /// Unique prompts in evaluation order, and which prompt each coalition maps to.
 #[derive(Debug, Clone)]
@@ -47,7 +46,8 @@ pub fn schedule(rendered: &[ConversationSnapshot], sort: bool) -> Schedule {
 /// The prompt as one string: each message's role and parts in order, with control characters
 /// marking the boundaries, so equal keys mean equal prompts and a shared key prefix means a
 /// shared prompt prefix. Text is kept as it is (its control characters `\u{0}`..`\u{5}`
-/// escaped, so no text reads as a boundary); audio is its [`audio_digest`] and an image its
+/// escaped, so no text reads as a boundary); audio is its
+/// [`Audio::digest`](lmhost_plugin_api::Audio::digest) and an image its
 /// [`Image::digest`](lmhost_plugin_api::Image::digest), so a minute of audio or a photo adds
 /// a few dozen characters, not its samples or pixels.
 pub fn content_key(prompt: &ConversationSnapshot) -> String {
@@ -61,7 +61,7 @@ pub fn content_key(prompt: &ConversationSnapshot) -> String {
                     Part::Text { text } => push_escaped(&mut key, text),
                     Part::Audio { audio } => {
                         key.push('\u{4}');
-                        key.push_str(&audio_digest(audio));
+                        key.push_str(&audio.digest());
                     }
                     Part::Image { image } => {
                         key.push('\u{4}');
@@ -91,24 +91,6 @@ fn push_escaped(key: &mut String, text: &str) {
     }
 }
 
-/// Hex sha256 of the samples as f32 little-endian bytes followed by the sample rate as u32
-/// little-endian: equal exactly when the samples (bit for bit) and the rate are.
-pub fn audio_digest(audio: &Audio) -> String {
-    let mut hasher = Sha256::new();
-    let mut bytes = Vec::with_capacity(4 * 4096);
-    for chunk in audio.samples.chunks(4096) {
-        bytes.clear();
-        bytes.extend(chunk.iter().flat_map(|s| s.to_le_bytes()));
-        hasher.update(&bytes);
-    }
-    hasher.update(audio.sample_rate.to_le_bytes());
-    hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Characters shared by each prompt's key with the previous one's: what a one-entry prefix
 /// cache could reuse in this order.
 pub fn shared_prefix_chars(prompts: &[ConversationSnapshot]) -> usize {
@@ -125,6 +107,8 @@ pub fn shared_prefix_chars(prompts: &[ConversationSnapshot]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use lmhost_plugin_api::Audio;
+
     use super::*;
 
     fn prompt(text: &str) -> ConversationSnapshot {
@@ -177,7 +161,7 @@ mod tests {
         let as_audio = of(vec![Part::Audio {
             audio: audio.clone(),
         }]);
-        let as_text = of(vec![Part::text(format!("\u{4}{}", audio_digest(&audio)))]);
+        let as_text = of(vec![Part::text(format!("\u{4}{}", audio.digest()))]);
         assert_ne!(as_audio, as_text);
         assert_ne!(
             of(vec![Part::text("a\u{2}b")]),
@@ -187,8 +171,8 @@ mod tests {
             sample_rate: 8_000,
             ..audio.clone()
         };
-        assert_ne!(audio_digest(&audio), audio_digest(&other_rate));
-        assert_eq!(audio_digest(&audio).len(), 64);
+        assert_ne!(audio.digest(), other_rate.digest());
+        assert_eq!(audio.digest().len(), 64);
         // Images key by their pixels and size: one changed byte or another shape is another
         // prompt, and an image never keys like text or audio.
         let image = |w: u32, rgb: Vec<u8>| Part::Image {

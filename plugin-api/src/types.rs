@@ -45,6 +45,27 @@ pub struct Audio {
     pub sample_rate: u32,
 }
 
+impl Audio {
+    /// Hex sha256 of the samples as f32 little-endian bytes followed by the sample rate as u32
+    /// little-endian: equal exactly when the samples (bit for bit) and the rate are.
+    pub fn digest(&self) -> String {
+        let mut hasher = Sha256::new();
+        let mut bytes = Vec::with_capacity(4 * 4096);
+        for chunk in self.samples.chunks(4096) {
+            bytes.clear();
+            bytes.extend(chunk.iter().flat_map(|s| s.to_le_bytes()));
+            hasher.update(&bytes);
+        }
+        hasher.update(self.sample_rate.to_le_bytes());
+        hex(&hasher.finalize())
+    }
+}
+
+/// `bytes` as lowercase hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// An image as RGB pixels, 8 bits a channel, row by row from the top left, upright (the host
 /// has applied its EXIF orientation). In JSON the pixels are base64, not an array of numbers.
 #[repr(C)]
@@ -83,11 +104,7 @@ impl Image {
         hasher.update(self.width.to_le_bytes());
         hasher.update(self.height.to_le_bytes());
         hasher.update(self.rgb.as_slice());
-        hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex(&hasher.finalize())
     }
 }
 
@@ -292,8 +309,7 @@ impl ConversationSnapshot {
 /// whitespace, floats in shortest round-trip form, so it is the same on every run and platform.
 fn snapshot_id(turns: &RVec<Turn>) -> String {
     let json = serde_json::to_vec(turns).expect("turns always serialize");
-    let digest = Sha256::digest(&json);
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(&json)[..8])
 }
 
 /// How to generate. Validated by the host before it reaches a backend.

@@ -8,7 +8,7 @@
 //! settings share a directory without mixing.
 //!
 //! A row stays small whatever the prompt holds: `prompt_json` writes each audio part as the
-//! sha256 of its samples (see [`crate::explain::schedule::audio_digest`]), its rate and its
+//! sha256 of its samples (see [`lmhost_plugin_api::Audio::digest`]), its rate and its
 //! length, never the samples; the prompt key is hashed as the JSON streams, never held whole.
 //! Directories written before this (`user_version` 0) read as they are: the keys are the same
 //! and nothing reads `prompt_json` back. Format 2 adds each value's parts by answer token
@@ -23,7 +23,6 @@ use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::explain::schedule::audio_digest;
 use crate::explain::{BaseAnswer, Evaluation};
 
 /// The format this build writes, kept in SQLite's `user_version`. 0 (before it was kept) reads
@@ -109,7 +108,7 @@ pub fn stored_prompt_json(prompt: &ConversationSnapshot) -> String {
                             Part::Audio { audio } => serde_json::json!({
                                 "type": "audio",
                                 "audio": {
-                                    "sha256": audio_digest(audio),
+                                    "sha256": audio.digest(),
                                     "sample_rate": audio.sample_rate,
                                     "samples": audio.samples.len(),
                                 },
