@@ -62,38 +62,10 @@ impl PromptFormat {
                 "model `{model}` reads text only; the conversation has an image"
             )));
         }
-        if snapshot.is_raw() {
-            return Ok(Prompt {
-                text: snapshot.raw_text(),
-                add_special: true,
-            });
-        }
-        let contents: Vec<(&str, String)> = snapshot
-            .messages()
-            .map(|m| (m.role.as_str(), m.text_content()))
-            .collect();
-        let (text, add_special) = match self {
-            PromptFormat::Template(template) => {
-                let messages: Vec<ChatMessage> = contents
-                    .iter()
-                    .map(|(role, content)| ChatMessage {
-                        role,
-                        content: content.as_str().into(),
-                    })
-                    .collect();
-                let text = template
-                    .render(&messages, true)
-                    .map_err(|e| PluginError::invalid_input(e.to_string()))?;
-                (text, false)
-            }
-            PromptFormat::Plain => (plain(&contents), true),
-            PromptFormat::None => return Err(no_template(model)),
-        };
-        Ok(Prompt { text, add_special })
+        self.render_parts(snapshot, model, None)
+            .map(|(prompt, _)| prompt)
     }
-}
 
-impl PromptFormat {
     /// [`PromptFormat::render`] for a vision-language model: a message with images goes to
     /// the template as a list of parts (`{"type": "image"}` where each image was), and each
     /// image marker the template writes is replaced by the image's markers and placeholders
@@ -110,6 +82,16 @@ impl PromptFormat {
                 "model `{model}` reads text and images; the conversation has audio"
             )));
         }
+        self.render_parts(snapshot, model, Some(processor))
+    }
+
+    /// The prompt and its images in order; with no `processor`, a conversation without images.
+    fn render_parts<'s>(
+        &self,
+        snapshot: &'s ConversationSnapshot,
+        model: &str,
+        processor: Option<&dyn Processor>,
+    ) -> Result<(Prompt, Vec<&'s Image>), PluginError> {
         let images: Vec<&Image> = (snapshot.messages().flat_map(|m| m.parts.iter()))
             .filter_map(|part| match part {
                 Part::Image { image } => Some(image),
@@ -127,7 +109,10 @@ impl PromptFormat {
                 let text = template
                     .render(&messages, true)
                     .map_err(|e| PluginError::invalid_input(e.to_string()))?;
-                (expand_markers(&text, &images, processor, model)?, false)
+                match processor {
+                    Some(processor) => (expand_markers(&text, &images, processor, model)?, false),
+                    None => (text, false),
+                }
             }
             PromptFormat::Plain => {
                 let lines: Vec<(&str, String)> = snapshot
@@ -163,12 +148,12 @@ fn chat_message<'a>(message: &'a Message, text: &'a str) -> ChatMessage<'a> {
 }
 
 /// A message's parts as one text, each image as its markers and placeholders.
-fn inline_images(message: &Message, processor: &dyn Processor) -> String {
+fn inline_images(message: &Message, processor: Option<&dyn Processor>) -> String {
     (message.parts.iter())
-        .map(|part| match part {
-            Part::Text { text } => text.to_string(),
-            Part::Image { image } => processor.image_text((image.height, image.width)),
-            Part::Audio { .. } => String::new(),
+        .map(|part| match (part, processor) {
+            (Part::Text { text }, _) => text.to_string(),
+            (Part::Image { image }, Some(p)) => p.image_text((image.height, image.width)),
+            _ => String::new(),
         })
         .collect()
 }
