@@ -11,13 +11,16 @@ For each processor configuration (Idefics3's defaults, SmolVLM-256M's, Gemma 3's
 it records `_get_num_multimodal_tokens` (placeholder tokens and patches per image), the text an
 image expands to, and, over a small word-level tokenizer that knows every marker token (written
 into the file, so the Rust side tokenizes with the same vocabulary), a prompt's input ids and
-Transformers' `mm_token_type_ids`.
+Transformers' `mm_token_type_ids`. And PIL's resizes of a patterned image, for the resampler
+that redoes them (`plugin-kit/src/multimodal/resample.rs`).
 """
 
+import base64
 import json
 import pathlib
 
 import numpy as np
+import PIL
 import transformers
 from PIL import Image
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
@@ -220,12 +223,45 @@ def chat(processor):
     }
 
 
+# Resizes for the resampler's test: (height, width) in and out, and PIL's filter. Up and down
+# on both axes, one axis kept, and the height shrinking more than twice the width (where
+# Pillow 13 runs its vertical pass first).
+RESAMPLES = [
+    ((13, 17), (29, 23), "bilinear"),
+    ((31, 23), (12, 9), "bilinear"),
+    ((20, 20), (20, 33), "bilinear"),
+    ((13, 17), (29, 23), "lanczos"),
+    ((31, 23), (12, 9), "lanczos"),
+    ((40, 12), (9, 14), "lanczos"),
+    ((18, 25), (18, 7), "lanczos"),
+    ((9, 30), (27, 30), "lanczos"),
+]
+
+
+def pattern(height, width):
+    """A deterministic image with sharp edges (the Rust test draws the same one)."""
+    y, x, c = np.mgrid[0:height, 0:width, 0:3]
+    return (((x * 37 + y * 91 + c * 53) ^ (x * y)) % 256).astype(np.uint8)
+
+
+def resamples():
+    """PIL's output of each of `RESAMPLES` on `pattern`, base64 bytes (row-major RGB)."""
+    filters = {"bilinear": Image.BILINEAR, "lanczos": Image.LANCZOS}
+    cases = []
+    for (h, w), (oh, ow), name in RESAMPLES:
+        out = Image.fromarray(pattern(h, w)).resize((ow, oh), filters[name])
+        cases.append({"from": [h, w], "to": [oh, ow], "filter": name,
+                      "rgb": base64.b64encode(np.asarray(out).tobytes()).decode()})
+    return {"pillow": PIL.__version__, "cases": cases}
+
+
 def main():
     reference = {
         "transformers": transformers.__version__,
         "idefics3": idefics3(4 * 364, 364, 169),
         "smolvlm": idefics3(2048, 512, 64),
         "gemma3": gemma3(),
+        "resample": resamples(),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(reference, separators=(",", ":")) + "\n")

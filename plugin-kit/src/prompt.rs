@@ -66,8 +66,8 @@ impl PromptFormat {
             .map(|(prompt, _)| prompt)
     }
 
-    /// [`PromptFormat::render`] for a vision-language model: a message with images goes to
-    /// the template as a list of parts (`{"type": "image"}` where each image was), and each
+    /// [`PromptFormat::render`] for a vision-language model: every message goes to the
+    /// template as a list of parts (`{"type": "image"}` where each image was), and each
     /// image marker the template writes is replaced by the image's markers and placeholders
     /// ([`Processor::image_text`]). Raw text and plain lines carry the image's text where the
     /// image was. The images come back in the order their placeholders stand in the prompt.
@@ -104,7 +104,7 @@ impl PromptFormat {
             PromptFormat::Template(template) => {
                 let texts: Vec<String> = snapshot.messages().map(Message::text_content).collect();
                 let messages: Vec<ChatMessage> = (snapshot.messages().zip(&texts))
-                    .map(|(m, t)| chat_message(m, t))
+                    .map(|(m, t)| chat_message(m, t, processor.is_some()))
                     .collect();
                 let text = template
                     .render(&messages, true)
@@ -127,9 +127,11 @@ impl PromptFormat {
     }
 }
 
-/// A message as a template sees it: its `text`, or its parts in order where it holds images.
-fn chat_message<'a>(message: &'a Message, text: &'a str) -> ChatMessage<'a> {
-    let content = match message.has_images() {
+/// A message as a template sees it: its `text`, or its parts in order where it holds images or
+/// the model is a vision-language one (`parts`), whose templates are written for the list that
+/// Transformers' processors pass (SmolVLM's reads `content[0]['type']` of every message).
+fn chat_message<'a>(message: &'a Message, text: &'a str, parts: bool) -> ChatMessage<'a> {
+    let content = match parts || message.has_images() {
         false => ChatContent::Text(text),
         true => ChatContent::Parts(
             (message.parts.iter())

@@ -192,7 +192,7 @@ impl TextFrontEnd {
         &self,
         snapshot: &ConversationSnapshot,
     ) -> Result<(crate::prompt::Prompt, Option<Vec<u32>>), PluginError> {
-        let Some(vision) = self.vision.as_ref().filter(|_| snapshot.has_images()) else {
+        let Some(vision) = self.vision.as_ref() else {
             return Ok((self.format.render(snapshot, &self.model_id)?, None));
         };
         let processor = vision.processor.as_ref();
@@ -201,26 +201,25 @@ impl TextFrontEnd {
                 .render_with_images(snapshot, &self.model_id, processor)?;
         let mut ids = self.encode(&prompt.text, prompt.add_special)?;
         let placeholder = processor.image_token_id();
-        let mut at = 0;
+        // The placeholders in order, each image taking as many as it needs (in one run, or one
+        // run per tile between the tiles' markers).
+        let mut slots = (ids.iter_mut()).filter(|id| **id == placeholder);
         for image in images {
             let count = processor.image_tokens((image.height, image.width)).tokens as usize;
             let first = vision.ids.ids_of(image, count)?;
-            let Some(start) = ids[at..].iter().position(|&id| id == placeholder) else {
-                return Err(PluginError::internal("an image's placeholders are missing"));
-            };
-            let run = at + start..at + start + count;
-            if ids
-                .get(run.clone())
-                .is_none_or(|r| r.iter().any(|&id| id != placeholder))
-            {
-                return Err(PluginError::internal(format!(
-                    "an image's {count} placeholders do not stand together in the prompt"
-                )));
+            for k in 0..count as u32 {
+                let slot = slots.next().ok_or_else(|| {
+                    PluginError::internal("the prompt holds fewer placeholders than its images")
+                })?;
+                *slot = first + k;
             }
-            for (k, id) in ids[run.clone()].iter_mut().enumerate() {
-                *id = first + k as u32;
-            }
-            at = run.end;
+        }
+        if slots.next().is_some() {
+            return Err(PluginError::invalid_input(format!(
+                "the conversation's text holds the image placeholder `{}`, which stands for \
+                 image features only",
+                processor.image_token()
+            )));
         }
         Ok((prompt, Some(ids)))
     }
@@ -262,7 +261,7 @@ impl TextFrontEnd {
         add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
         let (prompt, images) = match &self.vision {
-            Some(vision) if snapshot.has_images() => {
+            Some(vision) => {
                 let processor = vision.processor.as_ref();
                 let (prompt, images) =
                     (self.format).render_with_images(snapshot, &self.model_id, processor)?;
@@ -272,7 +271,7 @@ impl TextFrontEnd {
                     Some((processor, processor.num_multimodal_tokens(&sizes))),
                 )
             }
-            _ => (self.format.render(snapshot, &self.model_id)?, None),
+            None => (self.format.render(snapshot, &self.model_id)?, None),
         };
         let ids = self.encode(&prompt.text, add_special && prompt.add_special)?;
         let pieces = ids

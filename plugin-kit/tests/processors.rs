@@ -256,3 +256,35 @@ fn a_gemma3_chat_with_images_renders_as_transformers_does() {
         .unwrap_err();
     assert!(err.message.contains("wrote 0 image markers"), "{err}");
 }
+
+/// Resizing redoes PIL's (the version `processors.json` names) byte for byte: bilinear and
+/// Lanczos, up and down, one axis kept, and the height shrinking more than twice the width,
+/// where Pillow runs its vertical pass first. Integer arithmetic, so on any machine.
+#[test]
+fn resizes_are_pils_byte_for_byte() {
+    use base64::Engine;
+    use lmhost_plugin_kit::multimodal::resample::{resize, Filter};
+    let reference = reference();
+    for case in reference["resample"]["cases"].as_array().unwrap() {
+        let [h, w] = numbers(&case["from"])[..] else {
+            panic!("{case}")
+        };
+        let [oh, ow] = numbers(&case["to"])[..] else {
+            panic!("{case}")
+        };
+        let filter = match case["filter"].as_str().unwrap() {
+            "bilinear" => Filter::Bilinear,
+            _ => Filter::Lanczos,
+        };
+        // The script's `pattern`: sharp edges, on which Lanczos rings.
+        let image = image::RgbImage::from_fn(w as u32, h as u32, |x, y| {
+            let (x, y) = (u64::from(x), u64::from(y));
+            image::Rgb([0, 1, 2].map(|c| (((x * 37 + y * 91 + c * 53) ^ (x * y)) % 256) as u8))
+        });
+        let ours = resize(&image, (oh as u32, ow as u32), filter).into_raw();
+        let theirs = base64::engine::general_purpose::STANDARD
+            .decode(case["rgb"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(ours, theirs, "{}", case["from"]);
+    }
+}
