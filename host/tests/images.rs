@@ -1,8 +1,8 @@
-//! A conversation with an image through the `lmhost` binary and `lmhost serve` on a tiny
-//! vision-language model (a random Gemma 3 that `scripts/vlm-reference.py` wrote, whose scores
-//! the candle backend's tests check against Transformers): generate, score and explain with
-//! message players, tokenize with each position's modality, and a chat completion and
-//! `/tokenize` with an `image_url`.
+//! A conversation with an image through the `lmhost` binary and `lmhost serve` on each tiny
+//! vision-language model (a random Gemma 3 and a random Idefics3 that `scripts/vlm-reference.py`
+//! wrote, whose scores the candle backend's tests check against Transformers): generate, score
+//! and explain with message players, tokenize with each position's modality, and a chat
+//! completion with an `image_url`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,24 +14,27 @@ mod common;
 
 use common::{explain_json, post, repo, values, TestServer, MODEL};
 
-fn model() -> PathBuf {
-    repo().join("plugins/candle/tests/data/tiny-gemma3-vlm")
+const GEMMA3: &str = "tiny-gemma3-vlm";
+const IDEFICS3: &str = "tiny-idefics3-vlm";
+
+fn model(vlm: &str) -> PathBuf {
+    repo().join("plugins/candle/tests/data").join(vlm)
 }
 
-fn config() -> String {
+fn config(vlm: &str) -> String {
     format!(
         "[backend]\nkind = \"candle\"\nmodel_id = \"{}\"\n[backend.options]\nweights = \"f32\"\n\
          [generation]\nmax_new_tokens = 4\ntemperature = 0.0\n",
-        model().display()
+        model(vlm).display()
     )
 }
 
 /// A config and a conversation (a system message, then the noise image and a question) in `dir`.
-fn files(dir: &Path) -> (PathBuf, PathBuf) {
+fn files(vlm: &str, dir: &Path) -> (PathBuf, PathBuf) {
     let config = dir.join("vlm.toml");
-    std::fs::write(&config, self::config()).unwrap();
+    std::fs::write(&config, self::config(vlm)).unwrap();
     let content = json!([
-        {"type": "image", "path": model().join("noise.png")},
+        {"type": "image", "path": model(vlm).join("noise.png")},
         {"type": "text", "text": "What is this?"},
     ]);
     let messages = json!({"messages": [
@@ -56,9 +59,24 @@ fn lmhost(args: &[&str]) -> Output {
 }
 
 #[test]
-fn generate_score_and_explain_a_conversation_with_an_image() {
+fn gemma3_generates_scores_and_explains_a_conversation_with_an_image() {
+    // The image is 4 soft tokens between its 2 markers, in one view.
+    converse_about_an_image(GEMMA3, 6, json!([{"tokens": 4, "patches": 1}]));
+}
+
+#[test]
+fn idefics3_generates_scores_and_explains_a_conversation_with_an_image() {
+    // 2x2 tiles and the global view, 4 placeholders each, behind their markers: each tile's
+    // <fake_token_around_image> and <row_r_col_c>, a newline after each row, a blank line,
+    // then <fake_token_around_image><global-img>, the placeholders, <fake_token_around_image>.
+    converse_about_an_image(IDEFICS3, 4 * 6 + 2 + 7, json!([{"tokens": 20, "patches": 5}]));
+}
+
+/// Generate, tokenize, score and explain the conversation of [`files`] on `vlm`, whose image
+/// takes `positions` prompt positions and is counted as `images`.
+fn converse_about_an_image(vlm: &str, positions: usize, images: Value) {
     let dir = tempfile::tempdir().unwrap();
-    let (config, conversation) = files(dir.path());
+    let (config, conversation) = files(vlm, dir.path());
     let (config, conversation) = (config.to_str().unwrap(), conversation.to_str().unwrap());
     let with = |command: &str, extra: &[&str]| {
         let mut args = vec![command, "--config", config, "--conversation", conversation];
@@ -70,19 +88,19 @@ fn generate_score_and_explain_a_conversation_with_an_image() {
         !record["token_ids"].as_array().unwrap().is_empty(),
         "{record}"
     );
-    // The image's 4 soft tokens and its markers are part of the prompt.
+    // The image's placeholders and its markers are part of the prompt.
     assert!(
-        record["prompt_tokens"].as_u64().unwrap() > 6 + 8,
+        record["prompt_tokens"].as_u64().unwrap() > positions as u64 + 6,
         "{record}"
     );
     let tokens: Value = serde_json::from_slice(&with("tokenize", &["--json"]).stdout).unwrap();
     let image = tokens["mm_token_type_ids"].as_array().unwrap();
     assert_eq!(
         image.iter().filter(|m| m.as_u64() == Some(1)).count(),
-        6,
+        positions,
         "{tokens}"
     );
-    assert_eq!(tokens["images"], json!([{"tokens": 4, "patches": 1}]));
+    assert_eq!(tokens["images"], images);
     let scored: Value =
         serde_json::from_slice(&with("score", &["--reply", "It is red.", "--json"]).stdout)
             .unwrap();
@@ -110,8 +128,14 @@ fn generate_score_and_explain_a_conversation_with_an_image() {
 
 #[test]
 fn serve_answers_a_chat_with_an_image_url() {
-    let server = TestServer::start(&config(), |_| {});
-    let png = std::fs::read(model().join("flat.png")).unwrap();
+    for vlm in [GEMMA3, IDEFICS3] {
+        answer_a_chat_with_an_image_url(vlm);
+    }
+}
+
+fn answer_a_chat_with_an_image_url(vlm: &str) {
+    let server = TestServer::start(&config(vlm), |_| {});
+    let png = std::fs::read(model(vlm).join("flat.png")).unwrap();
     let url = format!(
         "data:image/png;base64,{}",
         base64::engine::general_purpose::STANDARD.encode(png)
@@ -126,7 +150,7 @@ fn serve_answers_a_chat_with_an_image_url() {
         "max_tokens": 3,
     });
     let answer = post(&server.url("/v1/chat/completions"), &body.to_string());
-    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.status, 200, "{vlm}: {}", answer.body);
     let reply = answer.json();
     assert!(
         reply["choices"][0]["message"]["content"].is_string(),

@@ -8,12 +8,14 @@
 pub mod decoder;
 pub mod gemma3;
 pub mod glu;
+pub mod idefics3;
 mod llama;
 pub mod norm;
 mod phi3;
 mod qwen3;
 pub mod rope;
 pub mod step;
+pub mod vision;
 pub mod whisper;
 
 use std::ops::Range;
@@ -274,6 +276,16 @@ impl PackedRows {
     }
 }
 
+/// What a pass's queries see besides the earlier keys of their own sequence.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mask {
+    /// Keys further back than this are out of sight.
+    pub sliding_window: Option<usize>,
+    /// Each image's tokens see each other whole (Gemma 3), not only the earlier ones (Idefics3
+    /// attends to them as to text).
+    pub images_whole: bool,
+}
+
 /// Attention of every sequence of a packed pass, each sequence's queries against its own keys.
 /// `q`, `k`, `v` are `(1, heads, rows, head_dim)` over all rows of the pass (q and k already
 /// rotated); each sequence's keys and values are appended to its state at `layer`, after it
@@ -288,15 +300,18 @@ pub fn attend_packed(
     seqs: &mut [Seq<'_>],
     starts: &[usize],
     scale: f64,
-    sliding_window: Option<usize>,
+    mask: Mask,
 ) -> Result<Tensor> {
     let (_, nh, rows, d) = q.dims4()?;
     let n_rep = nh / k.dim(1)?;
     let decode = weights::is_generating() && seqs.iter().all(|s| s.ids.len() == 1);
-    // Each image's tokens see each other whole, so an image must run whole in one pass; its
+    // Where each image's tokens see each other whole, an image must run whole in one pass; its
     // closing marker always follows it, so a run that reaches a pass's end was cut there.
     let blocks: Vec<Vec<Range<usize>>> = (seqs.iter().zip(starts))
-        .map(|(s, &start)| image_runs(s.ids, start))
+        .map(|(s, &start)| match mask.images_whole {
+            true => image_runs(s.ids, start),
+            false => Vec::new(),
+        })
         .collect();
     for (s, runs) in seqs.iter().zip(&blocks) {
         if runs
@@ -326,7 +341,7 @@ pub fn attend_packed(
             scale,
             n_rep,
             offset,
-            sliding_window,
+            sliding_window: mask.sliding_window,
             hidden: seq.hidden,
             blocks: &blocks[j],
         };

@@ -58,8 +58,15 @@ pub fn fetch(id: &str, revision: &str) -> Result<Files, String> {
     let config = remote.get("config.json")?;
     let tokenizer = remote.get("tokenizer.json")?;
     let tokenizer_config = remote.get("tokenizer_config.json").ok();
-    // Read from beside tokenizer.json when the repository has one.
-    let _ = remote.get("chat_template.jinja");
+    // Read from beside config.json when the repository has them: the chat template, and a
+    // vision-language model's processor settings.
+    for name in [
+        "chat_template.jinja",
+        "preprocessor_config.json",
+        "processor_config.json",
+    ] {
+        let _ = remote.get(name);
+    }
     let weights = match remote.get("model.safetensors") {
         Ok(single) => vec![single],
         Err(single_err) => {

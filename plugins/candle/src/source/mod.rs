@@ -7,6 +7,7 @@
 mod gguf;
 mod hub;
 pub mod safetensors;
+mod vision;
 
 use std::path::Path;
 

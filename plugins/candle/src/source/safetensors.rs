@@ -1,23 +1,21 @@
 //! Hugging Face checkpoints: `config.json`, `tokenizer.json`, `tokenizer_config.json` (chat
 //! template, special tokens) and safetensors weights, one file or shards listed in an index.
 //! A Gemma 3 checkpoint is read as llama.cpp's converter reads it: 1 added to every norm weight
-//! (Transformers computes x·(1 + w), the model takes the multiplier); a multimodal one with its
-//! image processor's files also gets its vision tower, projector and processor.
+//! (Transformers computes x·(1 + w), the model takes the multiplier). A multimodal one (Gemma 3,
+//! Idefics3) keeps its language model nested beside a vision tower, and with its image
+//! processor's files also gets that tower, its projector and its processor (`vision.rs`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device};
-use lmhost_plugin_kit::multimodal::{Gemma3Processor, Processor, ResizeNormalize, Vision};
 use lmhost_plugin_kit::text::ModelText;
 use serde_json::Value;
 
-use super::LoadedLm;
+use super::{vision, LoadedLm};
 use crate::memory::WeightBytes;
 use crate::models::decoder::LlamaConfig;
-use crate::models::gemma3::vision::{self, Gemma3Vision, ImageFeatures, VisionConfig};
 use crate::models::gemma3::{self, Gemma3, Gemma3Config};
 use crate::models::BuildOptions;
 use crate::models::{text_architectures, CausalLm};
@@ -134,10 +132,13 @@ struct Layout {
 
 /// Where multimodal Gemma 3 checkpoints keep the language model and its output layer:
 /// Transformers 4's layout (the Hub's files), then the one it loads them into.
-const NESTED: [(&str, &str); 2] = [
+const GEMMA3_NESTED: &[(&str, &str)] = &[
     ("language_model.model.", "language_model.lm_head."),
     ("model.language_model.", "lm_head."),
 ];
+
+/// Where Idefics3 checkpoints keep theirs (Transformers 4 and 5 alike).
+const IDEFICS3_NESTED: &[(&str, &str)] = &[("model.text_model.", "lm_head.")];
 
 impl Layout {
     /// The stored name of the tensor the model calls `name`.
@@ -194,30 +195,30 @@ impl SafetensorsSource {
         bytes
     }
 
-    /// Reads the checkpoint as Gemma 3's: the language model nested beside a vision tower when
-    /// config.json has a `text_config`, else at the top; `tied`: `tie_word_embeddings`.
-    fn gemma3_layout(&mut self, multimodal: bool, tied: bool) -> Result<(), String> {
-        let nested = if multimodal {
-            let embed = |(model, _): &(&str, &str)| format!("{model}embed_tokens.weight");
-            let found = NESTED.iter().find(|l| self.names.contains(&embed(l)));
-            Some(*found.ok_or_else(|| {
-                let tried: Vec<String> = NESTED.iter().map(|l| format!("`{}`", embed(l))).collect();
-                format!(
-                    "config.json has a `text_config` (a multimodal Gemma 3), but the checkpoint \
-                     has neither {}: only the language model of these layouts loads",
-                    tried.join(" nor ")
-                )
-            })?)
-        } else {
-            None
-        };
+    /// Reads the checkpoint in `layout`: the language model nested where the first of `nested`
+    /// that holds its embedding says (a multimodal checkpoint), else at the top; an error names
+    /// the places tried, and a missing output layer where `layout.tied` is false.
+    fn set_layout(
+        &mut self,
+        nested: &[(&'static str, &'static str)],
+        layout: Layout,
+    ) -> Result<(), String> {
+        let embed = |(model, _): &(&str, &str)| format!("{model}embed_tokens.weight");
+        let found = nested.iter().find(|l| self.names.contains(&embed(l)));
         self.layout = Layout {
-            nested,
-            norm_offset: true,
-            tied,
+            nested: found.copied(),
+            ..layout
         };
+        if found.is_none() && !nested.is_empty() {
+            let tried: Vec<String> = nested.iter().map(|l| format!("`{}`", embed(l))).collect();
+            return Err(format!(
+                "config.json has a `text_config` (a multimodal model), but the checkpoint has \
+                 neither {}: only the language model of these layouts loads",
+                tried.join(" nor ")
+            ));
+        }
         // Tied or not is config.json's to say (the model takes a head wherever the file has one).
-        if !tied && !self.contains("lm_head.weight") {
+        if !self.layout.tied && !self.contains("lm_head.weight") {
             return Err(format!(
                 "tensor `{}` is missing (config.json sets `tie_word_embeddings` false)",
                 self.layout.stored("lm_head.weight")
@@ -259,7 +260,12 @@ impl WeightSource for SafetensorsSource {
 enum Config {
     Llama(LlamaConfig),
     Gemma3(Gemma3Checkpoint),
+    /// SmolVLM's architecture: a Llama-shaped language model under `text_config`.
+    Idefics3(LlamaConfig),
 }
+
+/// The `model_type` of Idefics3 checkpoints (SmolVLM's).
+const IDEFICS3: &str = "idefics3";
 
 /// A Gemma 3 checkpoint's config and what its layout depends on.
 struct Gemma3Checkpoint {
@@ -307,6 +313,13 @@ pub fn load(
     let at_config = |e: String| format!("{}: {e}", files.config.display());
     let cfg = if gemma3::MODEL_TYPES.contains(&arch.as_str()) {
         Config::Gemma3(gemma3_config(&config_json).map_err(at_config)?)
+    } else if arch == IDEFICS3 {
+        let text = config_json.get("text_config").cloned().unwrap_or_default();
+        let mut cfg: LlamaConfig =
+            serde_json::from_value(text).map_err(|e| at_config(format!("`text_config`: {e}")))?;
+        cfg.model_type = "llama".into();
+        cfg.rope_interleaved = false;
+        Config::Idefics3(cfg)
     } else if crate::models::is_llama_shaped(&arch) {
         let mut cfg: LlamaConfig =
             serde_json::from_value(config_json.clone()).map_err(|e| at_config(e.to_string()))?;
@@ -315,7 +328,7 @@ pub fn load(
         Config::Llama(cfg)
     } else {
         return Err(at_config(format!(
-            "unknown architecture {arch:?}; supported: {}",
+            "unknown architecture {arch:?}; supported: {}, {IDEFICS3}",
             text_architectures().join(", ")
         )));
     };
@@ -325,8 +338,24 @@ pub fn load(
         &config_json,
     )?;
     let mut source = SafetensorsSource::open(&files.weights, &build.device)?;
-    if let Config::Gemma3(gemma) = &cfg {
-        source.gemma3_layout(gemma.multimodal, gemma.tied)?;
+    match &cfg {
+        Config::Llama(_) => {}
+        Config::Gemma3(gemma) => {
+            let nested = if gemma.multimodal { GEMMA3_NESTED } else { &[] };
+            let layout = Layout {
+                norm_offset: true,
+                tied: gemma.tied,
+                nested: None,
+            };
+            source.set_layout(nested, layout)?;
+        }
+        Config::Idefics3(cfg) => {
+            let layout = Layout {
+                tied: cfg.tie_word_embeddings,
+                ..Layout::default()
+            };
+            source.set_layout(IDEFICS3_NESTED, layout)?;
+        }
     }
     let bytes = source.weight_bytes();
     build.format = crate::memory::fit(&build, &bytes)?;
@@ -339,10 +368,18 @@ pub fn load(
         ),
         Config::Gemma3(gemma) => {
             let eyes = match gemma.multimodal {
-                true => gemma3_vision(files, &config_json, &text)?,
+                true => vision::gemma3(files, &config_json, &text)?,
                 false => None,
             };
             let mut model = Gemma3::load(gemma.cfg, &mut source, build)?;
+            if let Some((features, _)) = &eyes {
+                model = model.seeing(features.clone());
+            }
+            (Box::new(model), eyes.map(|(_, vision)| vision))
+        }
+        Config::Idefics3(cfg) => {
+            let eyes = vision::idefics3(files, &config_json, &text)?;
+            let mut model = crate::models::load_decoder(cfg, &mut source, build)?;
             if let Some((features, _)) = &eyes {
                 model = model.seeing(features.clone());
             }
@@ -355,56 +392,4 @@ pub fn load(
         stored_prompts,
         vision,
     })
-}
-
-/// A multimodal Gemma 3 checkpoint's vision tower, projector and processor, when it ships its
-/// image processor's `preprocessor_config.json` (else it runs as the language model alone, and
-/// refuses images); errors name the file.
-fn gemma3_vision(
-    files: &Files,
-    config: &Value,
-    text: &ModelText,
-) -> Result<Option<(Arc<ImageFeatures>, Vision)>, String> {
-    let preprocessor = files.config.with_file_name("preprocessor_config.json");
-    if !preprocessor.is_file() {
-        return Ok(None);
-    }
-    fn at(path: &Path) -> impl Fn(String) -> String + '_ {
-        move |e| format!("{}: {e}", path.display())
-    }
-    let pixels: Value = serde_json::from_str(&read(&preprocessor)?)
-        .map_err(|e| format!("{}: {e}", preprocessor.display()))?;
-    let pixels = ResizeNormalize::from_config(&pixels).map_err(at(&preprocessor))?;
-    let cfg: VisionConfig =
-        serde_json::from_value(config.clone()).map_err(|e| at(&files.config)(e.to_string()))?;
-    let vb = vision::var_builder(&files.weights).map_err(|e| e.to_string())?;
-    let tower = Gemma3Vision::load(&cfg, vb).map_err(|e| format!("vision tower: {e}"))?;
-    if (pixels.height, pixels.width) != (tower.image_size() as u32, tower.image_size() as u32) {
-        return Err(format!(
-            "{}: images are resized to {}x{}, but the vision tower takes {side}x{side}",
-            preprocessor.display(),
-            pixels.height,
-            pixels.width,
-            side = tower.image_size()
-        ));
-    }
-    let processor = Gemma3Processor::new(cfg.mm_tokens_per_image, |t| text.tokenizer.id(t))
-        .map_err(at(&files.tokenizer))?;
-    if let Some(id) = cfg
-        .image_token_index
-        .filter(|&id| id != processor.image_token_id())
-    {
-        return Err(format!(
-            "{}: `image_token_index` is {id}, but the tokenizer's `{}` is {}",
-            files.config.display(),
-            processor.image_token(),
-            processor.image_token_id()
-        ));
-    }
-    let features = Arc::new(ImageFeatures::new(tower, pixels));
-    let vision = Vision {
-        processor: Arc::new(processor),
-        ids: features.clone(),
-    };
-    Ok(Some((features, vision)))
 }

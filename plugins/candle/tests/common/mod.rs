@@ -2,6 +2,8 @@
 //! tokenizer in metadata) and a Hugging Face checkpoint directory (safetensors + tokenizer.json).
 #![allow(dead_code)]
 
+pub mod vlm;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

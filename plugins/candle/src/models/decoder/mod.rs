@@ -21,7 +21,8 @@ use super::glu::{self, Act};
 use super::norm::RmsNorm;
 use super::rope::{Rope, RopeRows};
 use super::step::{self, Workspace};
-use super::{attend_packed, packed_logits, BuildOptions, PackedRows, Seq};
+use super::vision::{has_images, token_ids, with_image_rows, ImageFeatures};
+use super::{attend_packed, packed_logits, BuildOptions, Mask, PackedRows, Seq};
 use crate::attention::Attention;
 use crate::kv::KvState;
 use crate::weights::{Embedding, Linear, WeightSource};
@@ -42,6 +43,9 @@ pub struct Decoder {
     steps_in_place: bool,
     /// How its states store keys and values.
     kv_dtype: DType,
+    /// A vision-language model's image features (Idefics3's), which stand in the input where
+    /// its prompts hold image ids.
+    images: Option<Arc<ImageFeatures>>,
 }
 
 impl Decoder {
@@ -92,7 +96,22 @@ impl Decoder {
             cfg,
             steps_in_place,
             kv_dtype: opts.kv_dtype,
+            images: None,
         })
+    }
+
+    /// This model seeing images: prompts' image ids take their rows from `images`.
+    pub fn seeing(self, images: Arc<ImageFeatures>) -> Self {
+        Decoder {
+            images: Some(images),
+            ..self
+        }
+    }
+
+    /// The input rows of `ids`, `(ids.len(), h)`: token embeddings, an image id's features.
+    fn embed_rows(&self, ids: &[u32]) -> Result<Tensor> {
+        let tokens = Tensor::new(token_ids(ids), &self.embed.device())?;
+        with_image_rows(self.embed.forward(&tokens)?, ids, self.images.as_deref())
     }
 
     /// Attention of every sequence of a packed pass: projections over all rows at once, then
@@ -135,7 +154,10 @@ impl Decoder {
             seqs,
             starts,
             1.0 / (d as f64).sqrt(),
-            self.cfg.window(),
+            Mask {
+                sliding_window: self.cfg.window(),
+                images_whole: false,
+            },
         )?;
         b.o.forward(&y)
     }
@@ -179,8 +201,7 @@ impl Decoder {
             positions,
         } = PackedRows::of(seqs, self.max_context)?;
         let rope = self.rope.at(&positions)?;
-        let ids = Tensor::new(ids.as_slice(), &self.embed.device())?;
-        let mut x = self.embed.forward(&ids)?.unsqueeze(0)?;
+        let mut x = self.embed_rows(&ids)?.unsqueeze(0)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let attn = self.attention(b, &b.attn_norm.forward(&x)?, i, &rope, seqs, &starts)?;
             let x1 = (attn + &x)?;
@@ -196,7 +217,8 @@ impl super::CausalLm for Decoder {
         seqs: &mut [Seq<'_>],
         hidden: bool,
     ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
-        if self.steps_in_place && !hidden && step::is_decode(seqs) {
+        let images = seqs.iter().any(|s| has_images(s.ids));
+        if self.steps_in_place && !hidden && !images && step::is_decode(seqs) {
             let logits = Workspace::with(|ws| self.decode_step(seqs, ws))?;
             return Ok((logits, None));
         }
@@ -210,8 +232,7 @@ impl super::CausalLm for Decoder {
     }
 
     fn embed(&self, ids: &[u32]) -> Result<Tensor> {
-        let ids = Tensor::new(ids, &self.embed.device())?;
-        self.embed.forward(&ids)?.to_dtype(DType::F32)
+        self.embed_rows(ids)?.to_dtype(DType::F32)
     }
 
     fn max_context(&self) -> usize {

@@ -16,9 +16,6 @@
 mod config;
 pub mod vision;
 
-use lmhost_plugin_kit::multimodal::{image_runs, FIRST_IMAGE_ID};
-use vision::ImageFeatures;
-
 use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
@@ -28,8 +25,9 @@ use super::glu::{self, Act};
 use super::norm::RmsNorm;
 use super::rope::{Rope, RopeRows};
 use super::step::{self, Workspace};
+use super::vision::{has_images, token_ids, with_image_rows, ImageFeatures};
 use super::BuildOptions;
-use super::{attend_packed, packed_logits, PackedRows, Seq};
+use super::{attend_packed, packed_logits, Mask, PackedRows, Seq};
 use crate::attention::Attention;
 use crate::kv::KvState;
 use crate::weights::{Embedding, Linear, WeightSource};
@@ -214,7 +212,10 @@ impl Gemma3 {
             seqs,
             starts,
             1.0 / cfg.query_pre_attn_scalar.sqrt(),
-            b.window,
+            Mask {
+                sliding_window: b.window,
+                images_whole: true,
+            },
         )?;
         b.o.forward(&y)
     }
@@ -235,40 +236,12 @@ impl Gemma3 {
     /// The input rows of `ids`, `(1, ids.len(), h)`: token embeddings scaled by sqrt(h), and
     /// an image id's features as they are (Transformers scatters them in after scaling).
     fn embed_rows(&self, ids: &[u32]) -> Result<Tensor> {
-        let images = ids.iter().any(|&id| id >= FIRST_IMAGE_ID);
-        let tokens: Vec<u32> = match images {
-            // Any token: its row is replaced below.
-            true => ids
-                .iter()
-                .map(|&id| if id >= FIRST_IMAGE_ID { 0 } else { id })
-                .collect(),
-            false => ids.to_vec(),
-        };
-        let tokens = Tensor::new(tokens, &self.embed.device())?;
+        let tokens = Tensor::new(token_ids(ids), &self.embed.device())?;
         let x = self
             .embed
             .forward(&tokens)?
             .broadcast_mul(&self.embed_scale)?;
-        if !images {
-            return x.unsqueeze(0);
-        }
-        let Some(features) = &self.images else {
-            candle_core::bail!("a prompt holds image ids, but this model has no vision tower");
-        };
-        let mut pieces = Vec::new();
-        let mut at = 0;
-        for run in image_runs(ids, 0) {
-            if run.start > at {
-                pieces.push(x.narrow(0, at, run.start - at)?);
-            }
-            let rows = features.rows(&ids[run.clone()])?;
-            pieces.push(rows.to_dtype(x.dtype())?.to_device(x.device())?);
-            at = run.end;
-        }
-        if at < ids.len() {
-            pieces.push(x.narrow(0, at, ids.len() - at)?);
-        }
-        Tensor::cat(&pieces, 0)?.unsqueeze(0)
+        with_image_rows(x, ids, self.images.as_deref())?.unsqueeze(0)
     }
 
     /// Runs the blocks over every sequence's ids, returning the final normalized hidden states
@@ -350,9 +323,7 @@ impl super::CausalLm for Gemma3 {
         seqs: &mut [Seq<'_>],
         hidden: bool,
     ) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
-        let images = seqs
-            .iter()
-            .any(|s| s.ids.iter().any(|&id| id >= FIRST_IMAGE_ID));
+        let images = seqs.iter().any(|s| has_images(s.ids));
         if self.steps_in_place && !hidden && !images && step::is_decode(seqs) {
             let logits = Workspace::with(|ws| self.decode_step(seqs, ws))?;
             return Ok((logits, None));

@@ -7,16 +7,14 @@
 //! product into the language model's width. Both run in f32: an image is encoded once per
 //! distinct image, not once per prompt.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::siglip;
-use lmhost_plugin_api::author::lock_or_reset;
-use lmhost_plugin_api::{Image, PluginError};
-use lmhost_plugin_kit::multimodal::{ImageIds, ResizeNormalize, FIRST_IMAGE_ID};
+use lmhost_plugin_api::Image;
+use lmhost_plugin_kit::multimodal::ResizeNormalize;
 use serde::Deserialize;
+
+use crate::models::vision::ImageEncoder;
 
 /// The `vision_config` and the image fields of a Gemma 3 config.json.
 #[derive(Debug, Clone, Deserialize)]
@@ -43,15 +41,24 @@ pub struct Gemma3Vision {
     projection: Tensor,
     /// Patches along a side of the image, and along a side of a pooling cell.
     grid: (usize, usize),
-    /// Height and width of the pixel values the tower takes.
-    image_size: usize,
+    /// The image processor's steps, into the pixel values the tower takes.
+    pixels: ResizeNormalize,
 }
 
 impl Gemma3Vision {
     /// Loads the tower and projector from `vb` (a checkpoint's root): `vision_tower.*` or
-    /// `vision_tower.vision_model.*` (as the hub's files name it), `multi_modal_projector.*`.
-    pub fn load(cfg: &VisionConfig, vb: VarBuilder) -> Result<Self> {
+    /// `vision_tower.vision_model.*` (as the hub's files name it), `multi_modal_projector.*`;
+    /// `pixels` must resize images to the size the tower takes.
+    pub fn load(cfg: &VisionConfig, pixels: ResizeNormalize, vb: VarBuilder) -> Result<Self> {
         let vision = &cfg.vision_config;
+        let takes = vision.image_size as u32;
+        if (pixels.height, pixels.width) != (takes, takes) {
+            candle_core::bail!(
+                "images are resized to {}x{}, but the vision tower takes {takes}x{takes}",
+                pixels.height,
+                pixels.width
+            );
+        }
         let patches = vision.image_size / vision.patch_size;
         let side = (cfg.mm_tokens_per_image as f64).sqrt() as usize;
         if side == 0 || side * side != cfg.mm_tokens_per_image || !patches.is_multiple_of(side) {
@@ -80,13 +87,8 @@ impl Gemma3Vision {
             eps: vision.layer_norm_eps,
             projection,
             grid: (patches, patches / side),
-            image_size: vision.image_size,
+            pixels,
         })
-    }
-
-    /// The side of the square pixel values the tower takes.
-    pub fn image_size(&self) -> usize {
-        self.image_size
     }
 
     /// `(n, 3, size, size)` pixel values → `(n, mm_tokens_per_image, text width)` features.
@@ -112,117 +114,11 @@ fn gemma_rms_norm(x: &Tensor, scale: &Tensor, eps: f64) -> Result<Tensor> {
     x.broadcast_div(&rms)?.broadcast_mul(scale)
 }
 
-/// A VarBuilder over the f32 tensors of `files` on the CPU.
-pub fn var_builder(files: &[std::path::PathBuf]) -> Result<VarBuilder<'static>> {
-    // SAFETY: the checkpoint files are not modified while the model is loaded (candle's own
-    // loaders make the same assumption of memory-mapped weights).
-    unsafe { VarBuilder::from_mmaped_safetensors(files, DType::F32, &Device::Cpu) }
-}
-
-/// A prompt's images as the language model sees them: each distinct image (by its digest)
-/// encoded once into its features, its placeholders given consecutive ids of their own (see
-/// [`FIRST_IMAGE_ID`]), and those ids' rows handed to the model's input.
-pub struct ImageFeatures {
-    vision: Gemma3Vision,
-    pixels: ResizeNormalize,
-    seen: Mutex<Seen>,
-}
-
-/// The images encoded so far, most recently used last.
-#[derive(Default)]
-struct Seen {
-    /// `(digest, first id, features (tokens, width))`.
-    images: VecDeque<(String, u32, Tensor)>,
-    /// The first id the next new image gets: ids are never reused, so an evicted image's
-    /// cached prompts can never match another image's.
-    next: u32,
-    /// Images the vision tower has encoded.
-    encoded: usize,
-}
-
-impl ImageFeatures {
-    /// Images whose features are kept: a prompt's images and those of the prompts around it
-    /// (an explanation's coalitions share a few), at a few MB each for a 4B model.
-    const KEPT: usize = 64;
-
-    pub fn new(vision: Gemma3Vision, pixels: ResizeNormalize) -> Self {
-        ImageFeatures {
-            vision,
-            pixels,
-            seen: Mutex::new(Seen {
-                next: FIRST_IMAGE_ID,
-                ..Seen::default()
-            }),
-        }
-    }
-
-    /// The feature rows of image ids, `(ids.len(), width)`; an id no kept image has is an
-    /// error (its image was evicted between rendering and running, which a prompt's own
-    /// images, rendered just before, never are).
-    pub fn rows(&self, ids: &[u32]) -> Result<Tensor> {
-        let seen = lock_or_reset(&self.seen, |s| s.images.clear());
-        let rows = ids
-            .iter()
-            .map(|&id| {
-                let found = seen.images.iter().find(|(_, first, features)| {
-                    id >= *first && ((id - first) as usize) < features.dim(0).unwrap_or(0)
-                });
-                match found {
-                    Some((_, first, features)) => features.narrow(0, (id - first) as usize, 1),
-                    None => candle_core::bail!("image id {id} stands for no kept image"),
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&rows, 0)
-    }
-
+impl ImageEncoder for Gemma3Vision {
     fn encode(&self, image: &Image) -> Result<Tensor> {
-        let size = self.pixels.height as usize;
+        let (h, w) = (self.pixels.height as usize, self.pixels.width as usize);
         let values = self.pixels.pixel_values(image);
-        let pixels = Tensor::from_vec(
-            values,
-            (1, 3, size, self.pixels.width as usize),
-            &Device::Cpu,
-        )?;
-        self.vision.image_features(&pixels)?.squeeze(0)
-    }
-}
-
-impl ImageIds for ImageFeatures {
-    fn ids_of(&self, image: &Image, count: usize) -> std::result::Result<u32, PluginError> {
-        let digest = image.digest();
-        let internal = |e: candle_core::Error| PluginError::internal(format!("vision tower: {e}"));
-        {
-            let mut seen = lock_or_reset(&self.seen, |s| s.images.clear());
-            if let Some(i) = seen.images.iter().position(|(d, ..)| *d == digest) {
-                let kept = seen.images.remove(i).expect("found just now");
-                let first = kept.1;
-                seen.images.push_back(kept);
-                return Ok(first);
-            }
-        }
-        // Encoded outside the lock: another prompt's image may be looked up meanwhile.
-        let features = self.encode(image).map_err(internal)?;
-        if features.dim(0).map_err(internal)? != count {
-            return Err(PluginError::internal(format!(
-                "the vision tower made {} features for an image of {count} placeholders",
-                features.dim(0).unwrap_or(0)
-            )));
-        }
-        let mut seen = lock_or_reset(&self.seen, |s| s.images.clear());
-        let first = seen.next;
-        seen.next = first
-            .checked_add(count as u32)
-            .ok_or_else(|| PluginError::internal("image ids ran out; reload the model"))?;
-        seen.encoded += 1;
-        seen.images.push_back((digest, first, features));
-        if seen.images.len() > Self::KEPT {
-            seen.images.pop_front();
-        }
-        Ok(first)
-    }
-
-    fn encoded(&self) -> usize {
-        lock_or_reset(&self.seen, |s| s.images.clear()).encoded
+        let pixels = Tensor::from_vec(values, (1, 3, h, w), &Device::Cpu)?;
+        self.image_features(&pixels)?.squeeze(0)
     }
 }
