@@ -5,6 +5,7 @@ use std::fmt;
 
 use lmhost_plugin_api::{Audio, ConversationSnapshot, Image, Message, Part, Role, Turn};
 
+use super::media::{self, Piece};
 use super::players::Players;
 use super::settings::Absence;
 
@@ -87,9 +88,31 @@ impl fmt::Debug for Coalition {
 /// placeholder and the separators around it stay.
 pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> ConversationSnapshot {
     let mut turns = Vec::new();
+    let mut global = 0;
     for (t, turn) in players.conversation().turns.iter().enumerate() {
         let mut messages = Vec::new();
         for (m, message) in turn.messages.iter().enumerate() {
+            global += 1;
+            let pieces = players.pieces(global - 1);
+            if !pieces.is_empty() {
+                // Media players keep their message: an absent one is painted or silenced.
+                let text = match players.layout(t, m) {
+                    Some(_) => render_message(players, t, m, message, coalition, absence),
+                    None => Some(message.text_content()),
+                };
+                let parts = rebuilt_parts(message, text.unwrap_or_default(), |k, part| {
+                    let absent = pieces
+                        .iter()
+                        .filter(|(i, piece)| piece.part() == k && !coalition.contains(*i))
+                        .map(|(_, piece)| *piece);
+                    Some(with_absent(players, global - 1, k, part, absent))
+                });
+                messages.push(Message {
+                    role: message.role,
+                    parts: parts.into(),
+                });
+                continue;
+            }
             if let Some(text) = render_message(players, t, m, message, coalition, absence) {
                 let present = players.layout(t, m).is_some_and(|layout| {
                     layout.players.iter().any(|&(p, _)| coalition.contains(p))
@@ -99,9 +122,10 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
                     messages.push(message.clone());
                     continue;
                 }
+                let parts = rebuilt_parts(message, text, |_, part| kept_or_blank(part, present));
                 messages.push(Message {
                     role: message.role,
-                    parts: rebuilt_parts(message, text, present).into(),
+                    parts: parts.into(),
                 });
             } else if !players.message_has_players(t, m) {
                 messages.push(message.clone());
@@ -127,20 +151,22 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
 }
 
 /// A rendered message's parts: its text, with its audio and images where they were (those
-/// before the message's first text part stay before the text, the rest follow it). They stay
-/// while any of the message's players is present and otherwise (only under `Pad`) become
-/// their blank counterparts of the same size, as a player's text becomes the placeholder:
-/// silence, or a black image.
-fn rebuilt_parts(original: &Message, text: String, present: bool) -> Vec<Part> {
+/// before the message's first text part stay before the text, the rest follow it), each as
+/// `media` makes it of its index and part (`None` drops it).
+fn rebuilt_parts(
+    original: &Message,
+    text: String,
+    media: impl Fn(usize, &Part) -> Option<Part>,
+) -> Vec<Part> {
     let first_text = original
         .parts
         .iter()
         .position(|part| matches!(part, Part::Text { .. }))
         .unwrap_or(original.parts.len());
     let media = |range: std::ops::Range<usize>| {
-        original.parts[range]
-            .iter()
-            .filter_map(move |part| kept_or_blank(part, present))
+        (range.clone().zip(&original.parts[range]))
+            .filter(|(_, part)| !matches!(part, Part::Text { .. }))
+            .filter_map(|(k, part)| media(k, part))
     };
     let text = (!text.is_empty()).then(|| Part::text(text));
     media(0..first_text)
@@ -149,8 +175,41 @@ fn rebuilt_parts(original: &Message, text: String, present: bool) -> Vec<Part> {
         .collect()
 }
 
-/// A media part as it is when its message is `present`, else its blank counterpart; `None`
-/// for text (rendered apart) and for empty audio.
+/// Media part `part` (number `k` of message `message`) with its `absent` pieces painted with the
+/// fill or silenced.
+fn with_absent<'a>(
+    players: &Players,
+    message: usize,
+    k: usize,
+    part: &Part,
+    absent: impl Iterator<Item = &'a Piece>,
+) -> Part {
+    let (mut boxes, mut ranges) = (Vec::new(), Vec::new());
+    for piece in absent {
+        match piece {
+            Piece::Region { bounds, .. } => boxes.push(*bounds),
+            Piece::Segment { samples, .. } => ranges.push(samples.clone()),
+        }
+    }
+    match part {
+        Part::Image { image } if !boxes.is_empty() => {
+            let blank = players
+                .blank(message, k)
+                .expect("a split image has its blank");
+            Part::Image {
+                image: media::painted(image, blank, &boxes),
+            }
+        }
+        Part::Audio { audio } if !ranges.is_empty() => Part::Audio {
+            audio: media::silenced(audio, &ranges),
+        },
+        _ => part.clone(),
+    }
+}
+
+/// A media part as it is while any of its message's players is `present`, else (only under
+/// `Pad`) its blank counterpart of the same size, as a player's text becomes the placeholder:
+/// silence, or a black image; `None` for text (rendered apart) and for empty audio.
 fn kept_or_blank(part: &Part, present: bool) -> Option<Part> {
     match part {
         Part::Text { .. } => None,

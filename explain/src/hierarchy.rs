@@ -52,6 +52,7 @@ pub fn parts(text: &str, unit: &Unit, floor: Granularity) -> Vec<Unit> {
                 message: unit.message,
                 span: first.1.start..last.1.end,
                 id,
+                piece: None,
             }
         })
         .collect()
@@ -88,7 +89,10 @@ pub fn refine(
             parts.into_iter().map(move |part| (part, parent.clone()))
         })
         .unzip();
-    Some((Players::of_units(players.conversation(), parts), parents))
+    Some((
+        Players::of_units(players.conversation(), parts, players.fill()),
+        parents,
+    ))
 }
 
 #[cfg(test)]
@@ -103,6 +107,7 @@ mod tests {
             message: 2,
             span,
             id: "m2".into(),
+            piece: None,
         };
         (text.to_string(), unit)
     }

@@ -21,6 +21,7 @@ pub mod coalition;
 pub mod error;
 pub mod estimators;
 pub mod hierarchy;
+pub mod media;
 pub mod players;
 pub mod schedule;
 pub mod settings;
@@ -34,9 +35,13 @@ use serde::Serialize;
 pub use coalition::{render, Coalition};
 pub use error::ExplainError;
 pub use estimators::{Estimates, EstimatorSettings, Plan};
+pub use media::{ImageRegions, MediaSpec, Piece, Region};
 pub use players::{Player, PlayerSpec, Players};
 pub use schedule::Schedule;
-pub use settings::{Absence, AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
+pub use settings::{
+    Absence, AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers,
+    ValueKind,
+};
 pub use stopping::{StopReason, Stopped, Stopping};
 pub use trust::Trust;
 pub use value::{BaseAnswer, Evaluation, Model, Need, ValueFunction};

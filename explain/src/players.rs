@@ -1,14 +1,16 @@
 //! Players: the parts of a conversation whose influence is measured. A conversation splits into
-//! messages, sentences or words, optionally only within chosen turns and roles; text outside
+//! messages, sentences or words, optionally only within chosen turns and roles, and its images
+//! and audio clips, where asked, into regions and segments ([`crate::media`]); text outside
 //! the players (other messages, whitespace between players) is always present.
 
 use std::ops::Range;
 
-use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, TextSpan};
+use lmhost_plugin_api::{ConversationSnapshot, Image, Message, Part, Role, TextSpan};
 use serde::Serialize;
 
 use super::error::ExplainError;
-pub use super::settings::Granularity;
+use super::media::{self, MediaSpec, Piece};
+pub use super::settings::{Fill, Granularity};
 
 /// Which players to make.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -18,10 +20,13 @@ pub struct PlayerSpec {
     pub roles: Vec<Role>,
     /// Only these turns hold players (0 is the first, -1 the last); empty means every turn.
     pub turns: Vec<i64>,
+    /// Players inside images and audio clips.
+    pub media: MediaSpec,
 }
 
-/// One player: a stable id (`m2` a message, `m2.s0` a sentence, `m2.w5` a word; `m` counts
-/// messages across turns from 0) and its text.
+/// One player: a stable id (`m2` a message, `m2.s0` a sentence, `m2.w5` a word, `m2.i0.r5` a
+/// region of the message's first image, `m1.a3` a segment of its audio; `m` counts messages
+/// across turns from 0) and its text.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Player {
     pub id: String,
@@ -30,18 +35,22 @@ pub struct Player {
     pub turn: usize,
     /// Index of the message across the whole conversation.
     pub message: usize,
-    /// Byte range of `text` inside the message's text.
+    /// Byte range of `text` inside the message's text (empty for a media player).
     #[serde(skip)]
     pub span: Range<usize>,
+    /// A media player's box or time span.
+    #[serde(flatten)]
+    pub piece: Option<Piece>,
 }
 
 /// Where a player lies: a byte span of one message's text (`message` counts messages across
-/// turns), and its id.
+/// turns) or a piece of one of its media parts, and its id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unit {
     pub message: usize,
     pub span: Range<usize>,
     pub id: String,
+    pub piece: Option<Piece>,
 }
 
 /// Where a message's players lie in its text: before, between and after them is fixed text.
@@ -57,8 +66,13 @@ pub struct MessageLayout {
 pub struct Players {
     conversation: ConversationSnapshot,
     players: Vec<Player>,
-    /// Per turn, per message: the layout when the message holds players.
+    /// Per turn, per message: the layout when the message's text holds players.
     layouts: Vec<Vec<Option<MessageLayout>>>,
+    /// How absent image regions are painted.
+    fill: Fill,
+    /// `(message, part, image)`: each image with region players wholly painted with `fill`,
+    /// where an absent region's pixels come from.
+    blanks: Vec<(usize, usize, Image)>,
 }
 
 impl Players {
@@ -68,6 +82,13 @@ impl Players {
         conversation: &ConversationSnapshot,
         spec: &PlayerSpec,
     ) -> Result<Players, ExplainError> {
+        if spec.media.splits() && spec.granularity == Granularity::Auto {
+            return Err(ExplainError::Players(
+                "image and audio players are not refined by `players = \"auto\"` yet; choose \
+                 \"messages\", \"sentences\" or \"words\" with them"
+                    .into(),
+            ));
+        }
         let n_turns = conversation.turns.len();
         let mut chosen_turns = Vec::new();
         for &t in &spec.turns {
@@ -89,13 +110,18 @@ impl Players {
                     && (spec.roles.is_empty() || spec.roles.contains(&message.role));
                 if selected {
                     let text = message.text_content();
-                    // A message of audio or images alone is one player at any granularity.
+                    let pieces = media::pieces(message, global, &spec.media)?;
+                    // A message of audio or images alone is one player at any granularity,
+                    // unless they split into players of their own.
                     let whole = text.is_empty() && (message.has_audio() || message.has_images());
                     let granularity = match whole {
                         true => Granularity::Messages,
                         false => spec.granularity,
                     };
-                    let spans = split_text(&text, granularity);
+                    let spans = match whole && !pieces.is_empty() {
+                        true => Vec::new(),
+                        false => split_text(&text, granularity),
+                    };
                     for (k, span) in spans.into_iter().enumerate() {
                         let id = match granularity {
                             // `auto` starts from messages (see `hierarchy`).
@@ -107,8 +133,15 @@ impl Players {
                             message: global,
                             span,
                             id,
+                            piece: None,
                         });
                     }
+                    units.extend(pieces.into_iter().map(|(id, piece)| Unit {
+                        message: global,
+                        span: 0..0,
+                        id,
+                        piece: Some(piece),
+                    }));
                 }
                 global += 1;
             }
@@ -120,13 +153,16 @@ impl Players {
                 spec.granularity, spec.roles, spec.turns
             )));
         }
-        Ok(Players::of_units(conversation, units))
+        Ok(Players::of_units(conversation, units, spec.media.fill))
     }
 
-    /// Players made of `units` (disjoint, in conversation order); the rest of the text stays.
-    pub fn of_units(conversation: &ConversationSnapshot, units: Vec<Unit>) -> Players {
+    /// Players made of `units` (disjoint, in conversation order: within a message its text
+    /// players, then its media players); the rest of the conversation stays. Absent image
+    /// regions are painted with `fill`.
+    pub fn of_units(conversation: &ConversationSnapshot, units: Vec<Unit>, fill: Fill) -> Players {
         let mut players: Vec<Player> = Vec::with_capacity(units.len());
         let mut layouts = Vec::new();
+        let mut blanks = Vec::new();
         let mut global = 0;
         let mut units = units.into_iter().peekable();
         for (t, turn) in conversation.turns.iter().enumerate() {
@@ -134,26 +170,49 @@ impl Players {
             for message in turn.messages.iter() {
                 let text = message.text_content();
                 let first = players.len();
-                while let Some(unit) = units.next_if(|u| u.message == global) {
-                    players.push(Player {
-                        text: player_text(
+                let mine: Vec<Unit> =
+                    std::iter::from_fn(|| units.next_if(|u| u.message == global)).collect();
+                // Media parts with players of their own are not shown with the text's.
+                let split: Vec<usize> = mine
+                    .iter()
+                    .filter_map(|u| u.piece.as_ref().map(Piece::part))
+                    .collect();
+                for unit in mine {
+                    let shown = match &unit.piece {
+                        Some(piece) => piece.text(),
+                        None => player_text(
                             message,
                             &text[unit.span.clone()],
                             unit.span == (0..text.len()),
+                            &split,
                         ),
+                    };
+                    players.push(Player {
+                        text: shown,
                         id: unit.id,
                         role: message.role,
                         turn: t,
                         message: global,
                         span: unit.span,
+                        piece: unit.piece,
                     });
                 }
                 let mine = &players[first..];
-                turn_layouts.push(mine.first().zip(mine.last()).map(|(a, z)| MessageLayout {
-                    lead: 0..a.span.start,
-                    players: (first..).zip(mine.iter().map(|p| p.span.clone())).collect(),
-                    trail: z.span.end..text.len(),
-                }));
+                blanks.extend(blanks_of(message, global, mine, fill));
+                let (texts, _): (Vec<usize>, Vec<usize>) =
+                    (first..players.len()).partition(|&i| players[i].piece.is_none());
+                let layout = texts
+                    .first()
+                    .zip(texts.last())
+                    .map(|(&a, &z)| MessageLayout {
+                        lead: 0..players[a].span.start,
+                        players: texts
+                            .iter()
+                            .map(|&i| (i, players[i].span.clone()))
+                            .collect(),
+                        trail: players[z].span.end..text.len(),
+                    });
+                turn_layouts.push(layout);
                 global += 1;
             }
             layouts.push(turn_layouts);
@@ -162,7 +221,29 @@ impl Players {
             conversation: conversation.clone(),
             players,
             layouts,
+            fill,
+            blanks,
         }
+    }
+
+    /// How absent image regions are painted.
+    pub fn fill(&self) -> Fill {
+        self.fill
+    }
+
+    /// The media players of message `message` (counted across turns): their indices and pieces.
+    pub fn pieces(&self, message: usize) -> Vec<(usize, &Piece)> {
+        (self.players.iter().enumerate())
+            .filter(|(_, p)| p.message == message)
+            .filter_map(|(i, p)| p.piece.as_ref().map(|piece| (i, piece)))
+            .collect()
+    }
+
+    /// Image part `part` of message `message` wholly painted with the fill.
+    pub fn blank(&self, message: usize, part: usize) -> Option<&Image> {
+        (self.blanks.iter())
+            .find(|(m, p, _)| *m == message && *p == part)
+            .map(|(.., image)| image)
     }
 
     /// Where each player lies, to make players of some of them or of their parts.
@@ -173,6 +254,7 @@ impl Players {
                 message: p.message,
                 span: p.span.clone(),
                 id: p.id.clone(),
+                piece: p.piece.clone(),
             })
             .collect()
     }
@@ -223,16 +305,42 @@ impl Players {
     }
 }
 
+/// The images of `message` (number `global`) that `players` (its players) cut into regions,
+/// each wholly painted with `fill`.
+fn blanks_of(
+    message: &Message,
+    global: usize,
+    players: &[Player],
+    fill: Fill,
+) -> Vec<(usize, usize, Image)> {
+    let mut parts: Vec<usize> = (players.iter())
+        .filter_map(|p| match &p.piece {
+            Some(Piece::Region { part, .. }) => Some(*part),
+            _ => None,
+        })
+        .collect();
+    parts.dedup();
+    parts
+        .into_iter()
+        .filter_map(|part| match &message.parts[part] {
+            Part::Image { image } => Some((global, part, media::filled(image, fill))),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What a report shows for a player: its text, and where it is its message's whole text, the
 /// message's audio and images too, in their places (`[image 640x480] What is this?`,
-/// `[audio 3.2 s]`): they stay or go with the message's players.
-fn player_text(message: &Message, text: &str, whole: bool) -> String {
+/// `[audio 3.2 s]`): they stay or go with the message's players. Parts in `split` have
+/// players of their own.
+fn player_text(message: &Message, text: &str, whole: bool, split: &[usize]) -> String {
     if !whole {
         return text.to_string();
     }
     let mut shown = Vec::new();
     let mut text_shown = false;
-    for part in message.parts.iter() {
+    let parts = (message.parts.iter().enumerate()).filter(|(k, _)| !split.contains(k));
+    for (_, part) in parts {
         match part {
             Part::Text { .. } if !text_shown && !text.is_empty() => {
                 shown.push(text.to_string());
@@ -329,6 +437,7 @@ mod tests {
             granularity,
             roles,
             turns,
+            ..PlayerSpec::default()
         };
         Players::split(&conversation(), &spec)
             .unwrap()

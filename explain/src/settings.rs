@@ -59,6 +59,25 @@ macro_rules! named_enum {
 }
 
 named_enum! {
+    /// What an absent image region is painted with: mid gray, the image's mean colour, or the
+    /// image blurred (a Gaussian of a tenth of its longer side, which washes out an object a
+    /// few times smaller than the image), as captum and PixelSHAP fill masked regions.
+    Fill { Gray = "gray", Mean = "mean", Blur = "blur" } default Gray
+}
+
+named_enum! {
+    /// Which players an image splits into: none (it goes with its message), a grid of cells,
+    /// or the regions the conversation gives it.
+    ImagePlayers { Whole = "whole", Grid = "grid", Regions = "regions" } default Whole
+}
+
+named_enum! {
+    /// Which players an audio clip splits into: none (it goes with its message), fixed
+    /// windows, or the stretches between its pauses.
+    AudioPlayers { Whole = "whole", Windows = "windows", Pauses = "pauses" } default Whole
+}
+
+named_enum! {
     /// What one player is. `auto` starts from messages and refines the strongest (see
     /// [`crate::hierarchy`]).
     Granularity {

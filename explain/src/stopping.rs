@@ -150,6 +150,7 @@ mod tests {
                     turn: 0,
                     message: 0,
                     span: 0..0,
+                    piece: None,
                 },
                 value,
                 std_error: Some(se),

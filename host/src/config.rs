@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::explain::{
-    Absence, AbsenceKind, Estimand, EstimatorKind, EstimatorSettings, Granularity, PlayerSpec,
-    Stopping, ValueKind,
+    Absence, AbsenceKind, AudioPlayers, Estimand, EstimatorKind, EstimatorSettings, Fill,
+    Granularity, ImagePlayers, ImageRegions, MediaSpec, PlayerSpec, Stopping, ValueKind,
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -87,6 +87,23 @@ pub struct ExplanationConfig {
     pub absence: AbsenceKind,
     /// What replaces an absent player with `absence = "pad"`.
     pub placeholder: String,
+    /// `"whole"` (an image goes with its message), `"grid"` (`grid` cells) or `"regions"` (the
+    /// boxes the conversation gives each image: `"regions"` on its image parts).
+    pub image_players: ImagePlayers,
+    /// With `image_players = "grid"`: `[rows, columns]`.
+    pub grid: [u32; 2],
+    /// `"gray"`, `"mean"` or `"blur"`: what an absent image region is painted with.
+    pub fill: Fill,
+    /// `"whole"` (a clip goes with its message), `"windows"` (`audio_window` seconds each) or
+    /// `"pauses"` (the stretches between pauses); an absent segment is silenced.
+    pub audio_players: AudioPlayers,
+    /// With `audio_players = "windows"`: each window's length in seconds.
+    pub audio_window: f64,
+    /// The image regions of the conversation being explained; the CLI and Python read them
+    /// from its image parts, a library caller sets them. Not a setting of its own (a value is
+    /// keyed by its prompt, whose painted pixels already say which regions were absent).
+    #[serde(skip)]
+    pub regions: Vec<ImageRegions>,
     /// `"answer_logprob"`, `"generated_logprob"`, `"embedding_cosine"` or `"tfidf_cosine"`.
     pub value: ValueKind,
     /// Logprob values per token instead of summed.
@@ -124,6 +141,7 @@ pub struct ExplanationConfig {
 impl Default for ExplanationConfig {
     fn default() -> Self {
         let estimator = EstimatorSettings::default();
+        let media = MediaSpec::default();
         ExplanationConfig {
             players: Granularity::default(),
             refine_top: 1,
@@ -132,6 +150,12 @@ impl Default for ExplanationConfig {
             turns: Vec::new(),
             absence: AbsenceKind::default(),
             placeholder: "_".into(),
+            image_players: media.images,
+            grid: media.grid,
+            fill: media.fill,
+            audio_players: media.audio,
+            audio_window: media.audio_window,
+            regions: Vec::new(),
             value: ValueKind::default(),
             value_mean: false,
             estimator: estimator.kind,
@@ -149,6 +173,12 @@ impl Default for ExplanationConfig {
         }
     }
 }
+
+/// The most cells a grid may have: 64 players is already past what `exact` takes, and a
+/// sampled estimator needs a budget of several times the players.
+const MAX_GRID_CELLS: u32 = 64;
+/// The shortest audio window: one Whisper encoder position (20 ms).
+const MIN_AUDIO_WINDOW: f64 = 0.02;
 
 /// The most players `players = "auto"` refines at one level.
 const MAX_REFINE_TOP: usize = 4;
@@ -196,6 +226,7 @@ impl ExplanationConfig {
         if self.batch_size == 0 {
             return Err("[explanation] `batch_size` must be >= 1. Given: 0".into());
         }
+        self.validate_media()?;
         if self.absence == AbsenceKind::Hide && self.value != ValueKind::AnswerLogprob {
             return Err(format!(
                 "[explanation] `absence = \"hide\"` scores the answer with players hidden, so \
@@ -214,11 +245,55 @@ impl ExplanationConfig {
         Ok(())
     }
 
+    /// Refuses image and audio player settings that cannot work, naming the key.
+    fn validate_media(&self) -> std::result::Result<(), String> {
+        let [rows, cols] = self.grid;
+        if rows == 0 || cols == 0 || rows * cols > MAX_GRID_CELLS {
+            return Err(format!(
+                "[explanation] `grid` must be [rows, columns], each >= 1, at most \
+                 {MAX_GRID_CELLS} cells. Given: [{rows}, {cols}]"
+            ));
+        }
+        if !(MIN_AUDIO_WINDOW..=3600.0).contains(&self.audio_window) {
+            return Err(format!(
+                "[explanation] `audio_window` must be >= {MIN_AUDIO_WINDOW} s (one Whisper \
+                 encoder frame) and <= 3600 s. Given: {}",
+                self.audio_window
+            ));
+        }
+        let media =
+            self.image_players != ImagePlayers::Whole || self.audio_players != AudioPlayers::Whole;
+        if media && self.absence == AbsenceKind::Hide {
+            return Err(
+                "[explanation] `absence = \"hide\"` does not yet take image or audio players; \
+                 absent regions and segments are painted with `fill` or silenced: use \
+                 `absence = \"delete\"` or \"pad\" with them"
+                    .into(),
+            );
+        }
+        if media && self.players == Granularity::Auto {
+            return Err(
+                "[explanation] image and audio players are not refined by `players = \"auto\"` \
+                 yet; choose \"messages\", \"sentences\" or \"words\" with them"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     pub fn player_spec(&self) -> PlayerSpec {
         PlayerSpec {
             granularity: self.players,
             roles: self.roles.clone(),
             turns: self.turns.clone(),
+            media: MediaSpec {
+                images: self.image_players,
+                grid: self.grid,
+                audio: self.audio_players,
+                audio_window: self.audio_window,
+                fill: self.fill,
+                regions: self.regions.clone(),
+            },
         }
     }
 

@@ -17,10 +17,13 @@
 //! ```
 //!
 //! Image parts name a PNG, JPEG, WebP or GIF file relative to the conversation file, or carry
-//! its bytes as base64 (see [`crate::images`]):
+//! its bytes as base64 (see [`crate::images`]); `regions` (boxes in pixels, `[x0, y0, x1, y1]`,
+//! as a detector outputs them) are what `explain` takes as its players with
+//! `image_players = "regions"`:
 //! ```json
 //! {"type": "image", "path": "cat.png"}
 //! {"type": "image", "data_base64": "iVBORw0KGgo..."}
+//! {"type": "image", "path": "park.png", "regions": [{"label": "dog", "box": [10, 20, 90, 80]}]}
 //! ```
 
 use std::path::Path;
@@ -30,6 +33,7 @@ use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, Turn};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::explain::{ImageRegions, Region};
 use crate::{audio, images};
 
 #[derive(Debug, Deserialize)]
@@ -97,7 +101,18 @@ enum FilePart {
     Image {
         path: Option<String>,
         data_base64: Option<String>,
+        #[serde(default)]
+        regions: Vec<FileRegion>,
     },
+}
+
+/// A region of an image part: `box` is `[x0, y0, x1, y1]` in pixels (x1 and y1 excluded).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRegion {
+    label: Option<String>,
+    #[serde(rename = "box")]
+    bounds: [u32; 4],
 }
 
 impl FilePart {
@@ -152,12 +167,14 @@ impl FilePart {
             FilePart::Image {
                 path: Some(file),
                 data_base64: None,
+                ..
             } => Ok(Part::Image {
                 image: images::read(&base.join(file), what)?,
             }),
             FilePart::Image {
                 path: None,
                 data_base64: Some(data),
+                ..
             } => Ok(Part::Image {
                 image: images::decode_base64(&data, source, what)?,
             }),
@@ -171,15 +188,29 @@ impl FilePart {
 
 /// Reads a conversation file.
 pub fn load(path: &Path) -> Result<ConversationSnapshot> {
+    load_with_regions(path).map(|(conversation, _)| conversation)
+}
+
+/// Reads a conversation file and the regions its image parts give.
+pub fn load_with_regions(path: &Path) -> Result<(ConversationSnapshot, Vec<ImageRegions>)> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(&text, path)
+    parse_with_regions(&text, path)
 }
 
 /// Parses conversation JSON; `path` names the source in errors.
 pub fn parse(text: &str, path: &Path) -> Result<ConversationSnapshot> {
+    parse_with_regions(text, path).map(|(conversation, _)| conversation)
+}
+
+/// Parses conversation JSON and the regions its image parts give (message counted from 0 in
+/// file order, image counted from 0 within its message).
+pub fn parse_with_regions(
+    text: &str,
+    path: &Path,
+) -> Result<(ConversationSnapshot, Vec<ImageRegions>)> {
     let invalid = |message: String| Error::Conversation {
         path: path.to_path_buf(),
         message,
@@ -197,6 +228,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ConversationSnapshot> {
         ));
     }
     let base = path.parent().unwrap_or(Path::new("."));
+    let mut regions = Vec::new();
     let messages = file
         .messages
         .into_iter()
@@ -204,12 +236,21 @@ pub fn parse(text: &str, path: &Path) -> Result<ConversationSnapshot> {
         .map(|(m, message)| {
             let parts = match message.content {
                 Content::Text(text) => RVec::from(vec![Part::text(text)]),
-                Content::Parts(parts) => (parts.into_iter().enumerate())
-                    .map(|(p, part)| {
-                        let what = format!("message {}, part {}", m + 1, p + 1);
-                        part.into_part(base, path, &what)
-                    })
-                    .collect::<Result<RVec<Part>>>()?,
+                Content::Parts(mut parts) => {
+                    let images = parts.iter_mut().filter_map(|part| match part {
+                        FilePart::Image { regions, .. } => Some(regions),
+                        _ => None,
+                    });
+                    for (k, given) in images.enumerate() {
+                        regions.extend(image_regions(m, k, std::mem::take(given)));
+                    }
+                    (parts.into_iter().enumerate())
+                        .map(|(p, part)| {
+                            let what = format!("message {}, part {}", m + 1, p + 1);
+                            part.into_part(base, path, &what)
+                        })
+                        .collect::<Result<RVec<Part>>>()?
+                }
             };
             Ok(Message {
                 role: message.role,
@@ -217,7 +258,23 @@ pub fn parse(text: &str, path: &Path) -> Result<ConversationSnapshot> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    ConversationSnapshot::new(group_turns(messages)).map_err(|e| invalid(e.message.into_string()))
+    let conversation = ConversationSnapshot::new(group_turns(messages))
+        .map_err(|e| invalid(e.message.into_string()))?;
+    Ok((conversation, regions))
+}
+
+/// The regions given for image `image` of message `message`, if any.
+fn image_regions(message: usize, image: usize, given: Vec<FileRegion>) -> Option<ImageRegions> {
+    (!given.is_empty()).then(|| ImageRegions {
+        message,
+        image,
+        regions: (given.into_iter())
+            .map(|r| Region {
+                label: r.label,
+                bounds: r.bounds,
+            })
+            .collect(),
+    })
 }
 
 /// A conversation of `messages`, in turns as [`group_turns`] splits them.

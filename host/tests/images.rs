@@ -69,7 +69,11 @@ fn idefics3_generates_scores_and_explains_a_conversation_with_an_image() {
     // 2x2 tiles and the global view, 4 placeholders each, behind their markers: each tile's
     // <fake_token_around_image> and <row_r_col_c>, a newline after each row, a blank line,
     // then <fake_token_around_image><global-img>, the placeholders, <fake_token_around_image>.
-    converse_about_an_image(IDEFICS3, 4 * 6 + 2 + 7, json!([{"tokens": 20, "patches": 5}]));
+    converse_about_an_image(
+        IDEFICS3,
+        4 * 6 + 2 + 7,
+        json!([{"tokens": 20, "patches": 5}]),
+    );
 }
 
 /// Generate, tokenize, score and explain the conversation of [`files`] on `vlm`, whose image

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use lmhost::config::ExplanationConfig;
+use lmhost::explain::ImageRegions;
 use lmhost::explain_run::{self, ProgressFn};
 use lmhost::{
     Backend, Cancel, Config, ConversationSnapshot, Error, GenerationConfig, Outcome, Progress,
@@ -148,8 +149,9 @@ impl Host {
         progress: Option<Py<PyAny>>,
         settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Explanation> {
-        let chat = conversation(py, messages)?;
-        let explanation: ExplanationConfig = merged(py, &self.config.explanation, settings)?;
+        let (chat, regions) = conversation_with_regions(py, messages)?;
+        let mut explanation: ExplanationConfig = merged(py, &self.config.explanation, settings)?;
+        explanation.regions = regions;
         explanation
             .validate()
             .map_err(|message| invalid(py, &message))?;
@@ -282,13 +284,20 @@ impl Explanation {
 /// Messages in the OpenAI chat shape (or one string, a user message) as a conversation,
 /// refused with the conversation file's own messages.
 fn conversation(py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<ConversationSnapshot> {
+    conversation_with_regions(py, messages).map(|(conversation, _)| conversation)
+}
+
+/// [`conversation`], and the regions its image parts give (`"regions"`, for explain).
+fn conversation_with_regions(
+    py: Python<'_>,
+    messages: &Bound<'_, PyAny>,
+) -> PyResult<(ConversationSnapshot, Vec<ImageRegions>)> {
     if messages.is_instance_of::<PyString>() {
-        return Ok(ConversationSnapshot::from_prompt(
-            messages.extract::<String>()?,
-        ));
+        let prompt = ConversationSnapshot::from_prompt(messages.extract::<String>()?);
+        return Ok((prompt, Vec::new()));
     }
     let file = json!({ "messages": to_json(py, messages)? });
-    lmhost::conversation::parse(&file.to_string(), Path::new("<messages>"))
+    lmhost::conversation::parse_with_regions(&file.to_string(), Path::new("<messages>"))
         .map_err(|e| raise(py, e))
 }
 

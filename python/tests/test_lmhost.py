@@ -89,6 +89,37 @@ def test_sampling_settings_are_keyword_arguments():
     assert all(e is not None for e in ex.std_errors)
 
 
+def test_image_regions_from_the_messages_are_players(tmp_path):
+    """Regions on an image part are explain's players with `image_players="regions"`; the mock
+    sees the red square inside the "ball" box, so that region ranks first for the answer "red"."""
+    import base64
+    import struct
+    import zlib
+
+    rows = b"".join(
+        b"\x00" + b"".join(bytes([250, 10, 10] if 20 <= y < 28 and 36 <= x < 44 else [128] * 3) for x in range(64))
+        for y in range(64)
+    )
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 64, 64, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    image = {
+        "type": "image",
+        "data_base64": base64.b64encode(png).decode(),
+        "regions": [{"label": "sky", "box": [0, 0, 64, 16]}, {"label": "ball", "box": [34, 18, 46, 30]}],
+    }
+    messages = [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}]
+    ex = mock().explain(messages, reply="red", image_players="regions", estimator="exact")
+    ball = ex.players[2]
+    assert (ball["id"], ball["label"], ball["box"]) == ("m0.i0.r1", "ball", [34, 18, 46, 30])
+    assert max(range(len(ex.values)), key=lambda i: abs(ex.values[i])) == 2
+    with pytest.raises(lmhost.InvalidInputError, match="does not yet take image or audio players"):
+        mock().explain(messages, reply="red", image_players="grid", absence="hide")
+
+
 def test_progress_is_reported_and_an_exception_in_it_stops_the_run_keeping_its_values(tmp_path):
     host = mock()
     settings = dict(players="words", estimator="permutation", budget=48, batch_size=4)

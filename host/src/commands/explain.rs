@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use lmhost::config::ExplanationConfig;
-use lmhost::explain::{AbsenceKind, Estimand, EstimatorKind, Granularity, ValueKind};
+use lmhost::explain::{
+    AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers, ValueKind,
+};
 use lmhost::explain_run::reanalyze;
 use lmhost::explain_run::{self, RunOptions};
 use lmhost::report::{html, json, table};
@@ -60,6 +62,27 @@ pub struct Args {
     /// What replaces an absent player with --absence pad.
     #[arg(long, value_name = "TEXT")]
     placeholder: Option<String>,
+
+    /// Image players: whole (with its message), grid (--grid cells) or regions (the boxes the
+    /// conversation gives each image).
+    #[arg(long, value_name = "KIND")]
+    image_players: Option<ImagePlayers>,
+
+    /// With --image-players grid: ROWSxCOLUMNS, e.g. 4x4.
+    #[arg(long, value_name = "RxC", value_parser = parse_grid)]
+    grid: Option<[u32; 2]>,
+
+    /// What an absent image region is painted with: gray, mean or blur.
+    #[arg(long, value_name = "FILL")]
+    fill: Option<Fill>,
+
+    /// Audio players: whole (with its message), windows (--audio-window seconds) or pauses.
+    #[arg(long, value_name = "KIND")]
+    audio_players: Option<AudioPlayers>,
+
+    /// With --audio-players windows: each window's length in seconds.
+    #[arg(long, value_name = "SECONDS")]
+    audio_window: Option<f64>,
 
     /// answer_logprob, generated_logprob, embedding_cosine or tfidf_cosine.
     #[arg(long, value_name = "VALUE")]
@@ -132,6 +155,13 @@ pub struct Args {
     html: Option<PathBuf>,
 }
 
+fn parse_grid(s: &str) -> std::result::Result<[u32; 2], String> {
+    let parsed = s
+        .split_once('x')
+        .and_then(|(r, c)| Some([r.trim().parse().ok()?, c.trim().parse().ok()?]));
+    parsed.ok_or_else(|| format!("`{s}` is not a grid; expected ROWSxCOLUMNS, e.g. 4x4"))
+}
+
 fn parse_role(s: &str) -> std::result::Result<Role, String> {
     match s {
         "system" => Ok(Role::System),
@@ -158,6 +188,11 @@ impl Args {
             turns,
             absence,
             placeholder,
+            image_players,
+            grid,
+            fill,
+            audio_players,
+            audio_window,
             value,
             estimator,
             estimand,
@@ -182,7 +217,8 @@ impl Args {
 pub fn run(args: &Args, quiet: bool) -> Result<()> {
     let mut config = Config::load(&args.config.config)?;
     args.apply(&mut config.explanation)?;
-    let conversation = conversation::load(&args.conversation)?;
+    let (conversation, regions) = conversation::load_with_regions(&args.conversation)?;
+    config.explanation.regions = regions;
     let outcome = match (&args.run_dir, args.reanalyze) {
         (Some(run_dir), true) => reanalyze::run(
             &Host::new(),

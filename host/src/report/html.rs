@@ -60,6 +60,8 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .legend span{display:inline-block;color:#fff;padding:0 .4rem;border-radius:.25rem;margin-right:.5rem}
 .tok{cursor:pointer;border-radius:.2rem;outline:1px solid #ccc;margin:0 .05rem;white-space:pre}
 .tok.on{background:#1d1d1f;color:#fff}
+.media{margin-top:.4rem}.media svg{display:block;max-width:100%;height:auto;border-radius:.25rem}
+.media rect{stroke:#fff;stroke-width:.5;vector-effect:non-scaling-stroke}.media rect.r{fill-opacity:.6}
 ";
 
 /// The token map: shades each player span (`data-p`) by the hovered or pinned answer token's
@@ -122,7 +124,7 @@ pub fn render(outcome: &Outcome) -> String {
         escape(s.estimand.as_str()),
         escape(s.value.as_str()),
         e.attributions.len(),
-        escape(super::table::level_name(s.players)),
+        escape(&super::table::level_name(s)),
         escape(&outcome.plugin),
         escape(&outcome.model_id),
         escape(s.absence.as_str()),
@@ -131,8 +133,10 @@ pub fn render(outcome: &Outcome) -> String {
     );
     h.push_str("<h2>Conversation</h2>\n");
     let players = &outcome.players;
+    let mut global = 0;
     for (t, turn) in players.conversation().turns.iter().enumerate() {
         for (m, message) in turn.messages.iter().enumerate() {
+            global += 1;
             let text = message.text_content();
             let _ = write!(
                 h,
@@ -161,7 +165,9 @@ pub fn render(outcome: &Outcome) -> String {
                     h.push_str(&escape(&text[at..]));
                 }
             }
-            h.push_str("</div></div>\n");
+            h.push_str("</div>");
+            super::media::draw(&mut h, players, e, global - 1, message);
+            h.push_str("</div>\n");
         }
     }
     let _ = writeln!(

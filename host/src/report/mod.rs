@@ -2,6 +2,7 @@
 
 pub mod html;
 pub mod json;
+mod media;
 pub mod table;
 
 use crate::outcome::Outcome;

@@ -4,7 +4,10 @@
 use std::fmt::Write;
 
 use super::{fit, number, one_line};
-use crate::explain::{Explanation, Granularity, StopReason, Stopped, Trust, ValueKind};
+use crate::config::ExplanationConfig;
+use crate::explain::{
+    AudioPlayers, Explanation, Granularity, ImagePlayers, StopReason, Stopped, Trust, ValueKind,
+};
 use crate::outcome::Outcome;
 
 /// Total width of a table row.
@@ -38,7 +41,7 @@ pub fn render(outcome: &Outcome) -> String {
                     _ => "cosine",
                 },
                 e.attributions.len(),
-                level_name(s.players),
+                level_name(s),
                 s.absence,
                 if e.attributions.iter().any(|a| a.std_error.is_some()) {
                     format!(" · seed {}, budget {}", s.seed, s.budget)
@@ -143,10 +146,25 @@ fn rows(out: &mut String, e: &Explanation) {
 }
 
 /// What the first level's players are: `auto` starts from messages.
-pub fn level_name(players: Granularity) -> &'static str {
-    match players {
+pub fn level_name(s: &ExplanationConfig) -> String {
+    let text = match s.players {
         Granularity::Auto => "messages (auto: refined below)",
         other => other.as_str(),
+    };
+    let images = match s.image_players {
+        ImagePlayers::Whole => None,
+        ImagePlayers::Grid => Some("image cells"),
+        ImagePlayers::Regions => Some("image regions"),
+    };
+    let audio = match s.audio_players {
+        AudioPlayers::Whole => None,
+        AudioPlayers::Windows => Some("audio windows"),
+        AudioPlayers::Pauses => Some("audio segments"),
+    };
+    let media: Vec<&str> = images.into_iter().chain(audio).collect();
+    match media.is_empty() {
+        true => text.to_string(),
+        false => format!("players ({text}, {})", media.join(", ")),
     }
 }
 

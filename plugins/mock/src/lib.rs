@@ -1,7 +1,11 @@
 //! `mock`: a deterministic backend, and the smallest complete lmhost plugin.
 //!
 //! Its "model" is a bag of words: a reply word is likely in proportion to how often it occurs in
-//! the text before it (the prompt and the reply so far, as a causal model reads). So the same snapshot and config always give the same reply, logprobs and
+//! the text before it (the prompt and the reply so far, as a causal model reads). It sees an
+//! image as words too: `red`, `green` or `blue` for each cell of a 4 x 4 grid holding a pixel
+//! of that colour (its channel at least 200, the others at most 60); and hears audio as `loud`
+//! for each quarter second whose peak reaches 0.5. So an answer can depend on one region of a
+//! picture or one stretch of a recording, as explain's tests need. So the same snapshot and config always give the same reply, logprobs and
 //! embeddings; different snapshots give different ones; and `score` of a generated reply returns
 //! exactly the logprobs `generate` reported, as a real model's would. It remembers the previous
 //! prompt to imitate a one-entry prefix cache, which makes prompt ordering measurable.
@@ -12,9 +16,9 @@ use std::time::Duration;
 
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
-    Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, FinishReason,
-    GenerationConfig, GenerationRecord, KvCacheSettings, OptionKind, OptionSpec, PluginContext,
-    PluginError, Role, ScoreRecord, TokenDelta, TokenizeRecord,
+    Audio, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
+    FinishReason, GenerationConfig, GenerationRecord, Image, KvCacheSettings, Message, OptionKind,
+    OptionSpec, Part, PluginContext, PluginError, Role, ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 /// Size of the mock vocabulary, for smoothing and embeddings.
@@ -84,7 +88,7 @@ impl Backend for Mock {
         Capabilities {
             returns_logprobs: true,
             scores_continuations: true,
-            audio_input: false,
+            audio_input: true,
             prefix_cache: true,
             embeddings: true,
         }
@@ -134,7 +138,7 @@ impl Backend for Mock {
         snapshots
             .iter()
             .map(|snapshot| {
-                let prompt = prompt_words(snapshot)?;
+                let prompt = prompt_words(snapshot);
                 let cached = self.run_prompt(&prompt);
                 Ok(ScoreRecord {
                     token_ids: words.iter().map(|w| token_id(w)).collect(),
@@ -167,7 +171,7 @@ impl Backend for Mock {
         snapshot: &ConversationSnapshot,
         _add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
-        let words = prompt_words(snapshot)?;
+        let words = prompt_words(snapshot);
         let pieces = if snapshot.is_raw() {
             spelled(&snapshot.raw_text())
         } else {
@@ -201,18 +205,10 @@ impl Mock {
         snapshot: &ConversationSnapshot,
         config: &GenerationConfig,
     ) -> Result<(GenerationRecord, Vec<String>), PluginError> {
-        let prompt = prompt_words(snapshot)?;
+        let prompt = prompt_words(snapshot);
         let cached = self.run_prompt(&prompt);
         // Replies draw on message words, not on the role markers.
-        let content: Vec<String> = snapshot
-            .messages()
-            .flat_map(|m| {
-                m.text_content()
-                    .split_whitespace()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let content: Vec<String> = snapshot.messages().flat_map(message_words).collect();
         let content = if content.is_empty() {
             prompt.clone()
         } else {
@@ -294,26 +290,65 @@ impl Mock {
     }
 }
 
-/// The prompt as words, with each chat message introduced by its role (raw text has none).
-fn prompt_words(snapshot: &ConversationSnapshot) -> Result<Vec<String>, PluginError> {
-    if snapshot.has_audio() || snapshot.has_images() {
-        return Err(PluginError::invalid_input(
-            "the mock backend takes text only; this conversation has audio or an image",
-        ));
+/// The prompt as words, with each chat message introduced by its role (raw text has none),
+/// and its images and audio as the words the mock sees and hears in them.
+fn prompt_words(snapshot: &ConversationSnapshot) -> Vec<String> {
+    let mut words = Vec::new();
+    for message in snapshot.messages() {
+        if message.role != Role::Raw {
+            words.push(format!("{}:", message.role.as_str()));
+        }
+        words.extend(message_words(message));
     }
-    let words: Vec<String> = snapshot
-        .messages()
-        .flat_map(|m| {
-            let marker = (m.role != Role::Raw).then(|| format!("{}:", m.role.as_str()));
-            marker.into_iter().chain(
-                m.text_content()
-                    .split_whitespace()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .collect();
-    Ok(words)
+    words
+}
+
+/// A message's words, read, seen and heard, in the order of its parts.
+fn message_words(message: &Message) -> Vec<String> {
+    let mut words = Vec::new();
+    for part in message.parts.iter() {
+        match part {
+            Part::Text { text } => words.extend(text.split_whitespace().map(String::from)),
+            Part::Image { image } => words.extend(seen(image)),
+            Part::Audio { audio } => words.extend(heard(audio)),
+        }
+    }
+    words
+}
+
+/// The colours of an image's 4 x 4 cells: a word per colour per cell that holds a pixel of it.
+fn seen(image: &Image) -> Vec<String> {
+    let (w, h) = (image.width as usize, image.height as usize);
+    let mut words = Vec::new();
+    for cell in 0..16 {
+        let (row, col) = (cell / 4, cell % 4);
+        let ys = row * h / 4..(row + 1) * h / 4;
+        let xs = col * w / 4..(col + 1) * w / 4;
+        for (channel, name) in ["red", "green", "blue"].iter().enumerate() {
+            let found = ys.clone().any(|y| {
+                xs.clone().any(|x| {
+                    let pixel = &image.rgb[(y * w + x) * 3..][..3];
+                    (0..3).all(|c| match c == channel {
+                        true => pixel[c] >= 200,
+                        false => pixel[c] <= 60,
+                    })
+                })
+            });
+            if found {
+                words.push(name.to_string());
+            }
+        }
+    }
+    words
+}
+
+/// `loud` for each quarter second of `audio` whose peak reaches 0.5.
+fn heard(audio: &Audio) -> Vec<String> {
+    let quarter = (audio.sample_rate as usize / 4).max(1);
+    (audio.samples.chunks(quarter))
+        .filter(|chunk| chunk.iter().any(|s| s.abs() >= 0.5))
+        .map(|_| "loud".to_string())
+        .collect()
 }
 
 /// Raw text's words, each with the whitespace after it (the first with any before it too), so
