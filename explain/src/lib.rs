@@ -36,7 +36,7 @@ pub use coalition::{render, Coalition};
 pub use error::ExplainError;
 pub use estimators::{Estimates, EstimatorSettings, Plan};
 pub use media::{ImageRegions, MediaSpec, Piece, Region};
-pub use players::{Player, PlayerSpec, Players};
+pub use players::{HiddenParts, Player, PlayerSpec, Players};
 pub use schedule::Schedule;
 pub use settings::{
     Absence, AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers,

@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use lmhost_plugin_api::{ConversationSnapshot, Image, Message, Part, Role, TextSpan};
+use lmhost_plugin_api::{ConversationSnapshot, Image, ImageBox, Message, Part, Role, TextSpan};
 use serde::Serialize;
 
 use super::error::ExplainError;
@@ -59,6 +59,15 @@ pub struct MessageLayout {
     pub lead: Range<usize>,
     pub players: Vec<(usize, Range<usize>)>,
     pub trail: Range<usize>,
+}
+
+/// What `score_hidden` hides of a conversation's players: [`Players::hidden_parts`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HiddenParts {
+    pub spans: Vec<TextSpan>,
+    pub boxes: Vec<ImageBox>,
+    /// Per player, its index among `spans` and then `boxes`.
+    pub of_player: Vec<u32>,
 }
 
 /// The players of one conversation, with what is needed to render coalitions of them.
@@ -280,16 +289,48 @@ impl Players {
         &self.players
     }
 
-    /// Where each player lies, as the plugin API's spans.
-    pub fn spans(&self) -> Vec<TextSpan> {
-        self.players
-            .iter()
-            .map(|p| TextSpan {
-                message: p.message as u32,
-                start: p.span.start as u32,
-                end: p.span.end as u32,
-            })
-            .collect()
+    /// Where each player lies, as what the plugin API's `score_hidden` hides: text spans and
+    /// image boxes, and per player its index among them (spans first, then boxes). An audio
+    /// segment cannot be hidden: an error names it.
+    pub fn hidden_parts(&self) -> Result<HiddenParts, ExplainError> {
+        let mut parts = HiddenParts::default();
+        let texts = self.players.iter().filter(|p| p.piece.is_none()).count();
+        for p in &self.players {
+            match &p.piece {
+                None => {
+                    parts.of_player.push(parts.spans.len() as u32);
+                    parts.spans.push(TextSpan {
+                        message: p.message as u32,
+                        start: p.span.start as u32,
+                        end: p.span.end as u32,
+                    });
+                }
+                Some(Piece::Region { part, bounds, .. }) => {
+                    let message = self.conversation.messages().nth(p.message);
+                    let image = message.map_or(0, |m| {
+                        let before = &m.parts[..*part];
+                        before
+                            .iter()
+                            .filter(|p| matches!(p, Part::Image { .. }))
+                            .count()
+                    });
+                    parts.of_player.push((texts + parts.boxes.len()) as u32);
+                    parts.boxes.push(ImageBox {
+                        message: p.message as u32,
+                        image: image as u32,
+                        bounds: *bounds,
+                    });
+                }
+                Some(Piece::Segment { .. }) => {
+                    return Err(ExplainError::Players(format!(
+                        "{} is an audio segment, which cannot be hidden from attention; \
+                         silence it instead (absence \"delete\" or \"pad\")",
+                        p.id
+                    )))
+                }
+            }
+        }
+        Ok(parts)
     }
 
     pub fn conversation(&self) -> &ConversationSnapshot {

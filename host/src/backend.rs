@@ -5,8 +5,8 @@ use lmhost_plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use lmhost_plugin_api::abi_stable::std_types::{RSlice, RStr, RString, RVec};
 use lmhost_plugin_api::{
     BackendBox, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    GenerationConfig, GenerationRecord, KvCacheSettings, PluginError, ScoreRecord, TextSpan,
-    TokenDelta, TokenSink, TokenSink_TO, TokenizeRecord,
+    GenerationConfig, GenerationRecord, ImageBox, KvCacheSettings, Message, Part, PluginError,
+    ScoreRecord, TextSpan, TokenDelta, TokenSink, TokenSink_TO, TokenizeRecord,
 };
 
 use crate::error::{Error, Result};
@@ -110,18 +110,20 @@ impl Backend {
         self.counted(records.into_vec(), snapshots.len(), "score_batch")
     }
 
-    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` it lists
-    /// hidden from messages `from_message..` and the reply (see the plugin API's
-    /// `score_hidden`). The spans, indexes and message are checked here, so the plugin gets
-    /// only valid ones.
+    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` and
+    /// image `boxes` it lists hidden from messages `from_message..` and the reply (see the
+    /// plugin API's `score_hidden`). The spans, boxes, indexes and message are checked here, so
+    /// the plugin gets only valid ones.
     pub fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        (spans, hidden): (&[TextSpan], &[Vec<u32>]),
+        (spans, boxes, hidden): (&[TextSpan], &[ImageBox], &[Vec<u32>]),
         from_message: u32,
     ) -> Result<Vec<ScoreRecord>> {
-        check_spans(snapshot, spans).map_err(|e| self.wrap(PluginError::invalid_input(e)))?;
+        let invalid = |e| self.wrap(PluginError::invalid_input(e));
+        check_spans(snapshot, spans).map_err(invalid)?;
+        check_boxes(snapshot, boxes).map_err(invalid)?;
         let messages = snapshot.messages().count();
         if from_message as usize >= messages {
             return Err(self.wrap(PluginError::invalid_input(format!(
@@ -129,14 +131,12 @@ impl Backend {
                  {messages} messages"
             ))));
         }
-        if let Some(i) = hidden
-            .iter()
-            .flatten()
-            .find(|&&i| i as usize >= spans.len())
-        {
+        let parts = spans.len() + boxes.len();
+        if let Some(i) = hidden.iter().flatten().find(|&&i| i as usize >= parts) {
             return Err(self.wrap(PluginError::invalid_input(format!(
-                "hidden span {i} is not one of the {} spans given",
-                spans.len()
+                "hidden part {i} is not one of the {} spans and {} boxes given",
+                spans.len(),
+                boxes.len()
             ))));
         }
         let hidden: Vec<RVec<u32>> = hidden.iter().map(|h| RVec::from(h.clone())).collect();
@@ -146,6 +146,7 @@ impl Backend {
                 snapshot,
                 RStr::from_str(reply),
                 spans.into(),
+                boxes.into(),
                 hidden.as_slice().into(),
                 from_message,
             )
@@ -260,6 +261,38 @@ fn check_spans(
                  {} bytes of text",
                 span.message,
                 text.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_boxes(
+    snapshot: &ConversationSnapshot,
+    boxes: &[ImageBox],
+) -> std::result::Result<(), String> {
+    let messages: Vec<&Message> = snapshot.messages().collect();
+    for (i, found) in boxes.iter().enumerate() {
+        let image = (messages.get(found.message as usize))
+            .and_then(|m| {
+                let mut images = m.parts.iter().filter_map(|p| match p {
+                    Part::Image { image } => Some(image),
+                    _ => None,
+                });
+                images.nth(found.image as usize)
+            })
+            .ok_or_else(|| {
+                format!(
+                    "box {i} is in image {} of message {}, which the conversation does not have",
+                    found.image, found.message
+                )
+            })?;
+        let [x0, y0, x1, y1] = found.bounds;
+        if x0 >= x1 || y0 >= y1 || x1 > image.width || y1 > image.height {
+            return Err(format!(
+                "box {i} [{x0}, {y0}, {x1}, {y1}] is not a box of positive area inside its \
+                 {}x{} image",
+                image.width, image.height
             ));
         }
     }

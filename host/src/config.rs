@@ -263,11 +263,11 @@ impl ExplanationConfig {
         }
         let media =
             self.image_players != ImagePlayers::Whole || self.audio_players != AudioPlayers::Whole;
-        if media && self.absence == AbsenceKind::Hide {
+        if self.audio_players != AudioPlayers::Whole && self.absence == AbsenceKind::Hide {
             return Err(
-                "[explanation] `absence = \"hide\"` does not yet take image or audio players; \
-                 absent regions and segments are painted with `fill` or silenced: use \
-                 `absence = \"delete\"` or \"pad\" with them"
+                "[explanation] `absence = \"hide\"` does not take audio players (a segment's \
+                 encoder positions cannot be hidden yet); absent segments are silenced with \
+                 `absence = \"delete\"` or \"pad\""
                     .into(),
             );
         }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use lmhost::config::ExplanationConfig;
 use lmhost::explain::{
-    AudioPlayers, Estimand, EstimatorKind, Fill, ImagePlayers, ImageRegions, Region,
+    AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, ImagePlayers, ImageRegions, Region,
 };
 use lmhost::{explain_run, Config, Outcome, RunOptions};
 use lmhost_plugin_api::{Audio, ConversationSnapshot, Image, Message, Part, Role, Turn};
@@ -95,27 +95,34 @@ const SAMPLED: [EstimatorKind; 6] = [
     EstimatorKind::Lasso,
 ];
 
-/// Every estimator under every fill ranks the cell that holds the red square first, the
+/// Every estimator under every fill, and with the regions hidden from attention instead
+/// (the mock forgets what it cannot see), ranks the cell that holds the red square first, the
 /// answer "red" resting on it alone: exact over a 2 x 2 grid (and the question), the sampled
 /// ones over a 4 x 4 grid.
 #[test]
-fn the_planted_region_ranks_first_with_every_estimator_and_fill() {
+fn the_planted_region_ranks_first_with_every_estimator_and_absence() {
     let conversation = conversation(Part::Image { image: picture() }, "What colour is the ball?");
-    for fill in [Fill::Gray, Fill::Mean, Fill::Blur] {
+    let absences = [
+        (AbsenceKind::Delete, Fill::Gray),
+        (AbsenceKind::Delete, Fill::Mean),
+        (AbsenceKind::Delete, Fill::Blur),
+        (AbsenceKind::Hide, Fill::Gray),
+    ];
+    for (absence, fill) in absences {
         let outcome = explain(&conversation, "red", |e| {
             e.image_players = ImagePlayers::Grid;
             e.grid = [2, 2];
-            e.fill = fill;
+            (e.absence, e.fill) = (absence, fill);
             e.estimator = EstimatorKind::Exact;
         });
         assert_eq!(outcome.explanation.attributions.len(), 5);
         let (id, value) = top(&outcome);
-        assert_eq!(id, "m0.i0.r1", "exact, {fill}");
-        assert!(value > 0.0, "exact, {fill}: {value}");
+        assert_eq!(id, "m0.i0.r1", "exact, {absence} {fill}");
+        assert!(value > 0.0, "exact, {absence} {fill}: {value}");
         for estimator in SAMPLED {
             let outcome = explain(&conversation, "red", |e| {
                 e.image_players = ImagePlayers::Grid;
-                e.fill = fill;
+                (e.absence, e.fill) = (absence, fill);
                 e.estimator = estimator;
                 if estimator == EstimatorKind::Msr {
                     e.estimand = Estimand::Banzhaf;
@@ -123,8 +130,8 @@ fn the_planted_region_ranks_first_with_every_estimator_and_fill() {
             });
             assert_eq!(outcome.explanation.attributions.len(), 17);
             let (id, value) = top(&outcome);
-            assert_eq!(id, "m0.i0.r6", "{estimator}, {fill}");
-            assert!(value > 0.0, "{estimator}, {fill}: {value}");
+            assert_eq!(id, "m0.i0.r6", "{estimator}, {absence} {fill}");
+            assert!(value > 0.0, "{estimator}, {absence} {fill}: {value}");
         }
     }
 }
@@ -233,8 +240,8 @@ fn the_cli_reads_regions_and_names_bad_settings() {
     assert_eq!(ball["rank"], 1, "{report}");
     for (extra, expected) in [
         (
-            &["--absence", "hide"][..],
-            "does not yet take image or audio players",
+            &["--audio-players", "pauses", "--absence", "hide"][..],
+            "does not take audio players",
         ),
         (
             &["--players", "auto"][..],

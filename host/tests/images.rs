@@ -128,6 +128,34 @@ fn converse_about_an_image(vlm: &str, positions: usize, images: Value) {
     let gap = report["efficiency"]["gap"].as_f64().unwrap();
     let total: f64 = values(&report).iter().sum();
     assert!(gap.abs() < 1e-4 && total.abs() > 0.0, "{report}");
+    // The image's 2 x 2 cells as players, painted gray or hidden from attention.
+    for absence in ["delete", "hide"] {
+        let report = explain_json(
+            &dir.path().join("cells.json"),
+            &[
+                "--config",
+                config,
+                "--conversation",
+                conversation,
+                "--reply",
+                "It is red.",
+                "--estimator",
+                "exact",
+                "--image-players",
+                "grid",
+                "--grid",
+                "2x2",
+                "--absence",
+                absence,
+            ],
+        );
+        let players = report["players"].as_array().unwrap();
+        assert_eq!(players.len(), 6, "{absence}: {report}");
+        assert_eq!(players[5]["id"], "m1.i0.r3", "{absence}");
+        assert_eq!(players[5]["box"], json!([40, 30, 80, 60]), "{absence}");
+        let gap = report["efficiency"]["gap"].as_f64().unwrap();
+        assert!(gap.abs() < 1e-4, "{absence}: {report}");
+    }
 }
 
 #[test]

@@ -18,7 +18,7 @@ use crate::identity::{PluginIdentity, RawStr, IDENTITY_MAGIC};
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
+    GenerationRecord, ImageBox, KvCacheSettings, ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
 };
 
 /// A generation backend, written with std types. Methods take `&self`: a backend that holds a
@@ -131,7 +131,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         &self,
         _snapshot: &ConversationSnapshot,
         _reply: &str,
-        _spans: &[TextSpan],
+        _parts: (&[TextSpan], &[ImageBox]),
         _hidden: &[Vec<u32>],
         _from_message: u32,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
@@ -306,14 +306,15 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
         snapshot: &ConversationSnapshot,
         reply: RStr<'_>,
         spans: RSlice<'_, TextSpan>,
+        boxes: RSlice<'_, ImageBox>,
         hidden: RSlice<'_, RVec<u32>>,
         from_message: u32,
     ) -> RResult<RVec<ScoreRecord>, PluginError> {
         guard(B::NAME, || {
             let hidden: Vec<Vec<u32>> = hidden.iter().map(|h| h.to_vec()).collect();
-            let spans = spans.as_slice();
+            let parts = (spans.as_slice(), boxes.as_slice());
             self.0
-                .score_hidden(snapshot, reply.as_str(), spans, &hidden, from_message)
+                .score_hidden(snapshot, reply.as_str(), parts, &hidden, from_message)
                 .map(RVec::from)
         })
     }

@@ -453,6 +453,17 @@ pub struct TextSpan {
     pub end: u32,
 }
 
+/// A box `[x0, y0, x1, y1]` in the pixels of one image (x1 and y1 excluded): image `image`
+/// counts the images of message `message` (counted across turns, as [`TextSpan`]'s) in order.
+/// `score_hidden` hides the image's tokens that cover any of it.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageBox {
+    pub message: u32,
+    pub image: u32,
+    pub bounds: [u32; 4],
+}
+
 /// What `score` returns: the teacher-forced log-probabilities of a given reply.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]

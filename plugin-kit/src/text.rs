@@ -5,8 +5,8 @@
 use std::ops::Range;
 
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError, TextSpan,
-    TokenDelta, TokenizeRecord,
+    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, Image, ImageBox, Part,
+    PluginError, TextSpan, TokenDelta, TokenizeRecord,
 };
 
 use crate::gguf::Metadata;
@@ -99,6 +99,20 @@ impl Sampled {
             finish_reason: self.finish,
         }
     }
+}
+
+/// What a `score_hidden` call hides: `spans` of text and `boxes` of images, which each entry
+/// of `hidden` lists by index (spans first, then boxes), from message `from_message` on.
+pub struct Hiding<'a> {
+    pub spans: &'a [TextSpan],
+    pub boxes: &'a [ImageBox],
+    pub hidden: &'a [Vec<u32>],
+    pub from_message: u32,
+}
+
+/// Whether two `[x0, y0, x1, y1]` boxes share some area.
+fn overlaps(a: &[f64; 4], b: &[f64; 4]) -> bool {
+    a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3]
 }
 
 /// A prompt scored with spans hidden: see [`TextFrontEnd::hidden_scoring`].
@@ -200,27 +214,7 @@ impl TextFrontEnd {
             self.format
                 .render_with_images(snapshot, &self.model_id, processor)?;
         let mut ids = self.encode(&prompt.text, prompt.add_special)?;
-        let placeholder = processor.image_token_id();
-        // The placeholders in order, each image taking as many as it needs (in one run, or one
-        // run per tile between the tiles' markers).
-        let mut slots = (ids.iter_mut()).filter(|id| **id == placeholder);
-        for image in images {
-            let count = processor.image_tokens((image.height, image.width)).tokens as usize;
-            let first = vision.ids.ids_of(image, count)?;
-            for k in 0..count as u32 {
-                let slot = slots.next().ok_or_else(|| {
-                    PluginError::internal("the prompt holds fewer placeholders than its images")
-                })?;
-                *slot = first + k;
-            }
-        }
-        if slots.next().is_some() {
-            return Err(PluginError::invalid_input(format!(
-                "the conversation's text holds the image placeholder `{}`, which stands for \
-                 image features only",
-                processor.image_token()
-            )));
-        }
+        place_images(vision, &mut ids, &images)?;
         Ok((prompt, Some(ids)))
     }
 
@@ -362,28 +356,32 @@ impl TextFrontEnd {
             .collect()
     }
 
-    /// A prompt scored with spans of its text hidden (the plugin API's `score_hidden`): its
-    /// ids, the reply's, the first position computed again for each entry (the first token
-    /// of message `from_message`'s text), and per entry of `hidden` the positions whose tokens
-    /// overlap a hidden span, as ranges.
+    /// A prompt scored with parts of it hidden (the plugin API's `score_hidden`): its ids, the
+    /// reply's, the first position computed again for each entry (the first token of message
+    /// `from_message`'s text), and per entry of `hidden` the positions whose tokens overlap a
+    /// hidden span or are an image's placeholders whose cells overlap a hidden box, as ranges.
     pub fn hidden_scoring(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        (spans, hidden): (&[TextSpan], &[Vec<u32>]),
-        from_message: u32,
+        hiding: &Hiding<'_>,
     ) -> Result<HiddenScoring, PluginError> {
-        if snapshot.has_images() {
-            return Err(PluginError::unsupported(
-                "hiding text (score_hidden) is not implemented for prompts with images",
-            ));
-        }
-        let prompt = self.format.render(snapshot, &self.model_id)?;
+        let (prompt, images) = match &self.vision {
+            Some(vision) => {
+                let processor = vision.processor.as_ref();
+                (self.format).render_with_images(snapshot, &self.model_id, processor)?
+            }
+            None => (self.format.render(snapshot, &self.model_id)?, Vec::new()),
+        };
         let starts = message_starts(snapshot, &prompt.text)?;
-        let (ids, offsets) = self
+        let (mut ids, offsets) = self
             .tokenizer
             .encode_with_offsets(&prompt.text, prompt.add_special)
             .map_err(tokenizer_error)?;
+        let placed = match &self.vision {
+            Some(vision) => place_images(vision, &mut ids, &images)?,
+            None => Vec::new(),
+        };
         let reply = self.reply_ids(reply)?.after(snapshot).to_vec();
         if ids.is_empty() || ids.len() + reply.len() > self.max_context {
             return Err(PluginError::invalid_input(format!(
@@ -394,7 +392,8 @@ impl TextFrontEnd {
                 self.max_context
             )));
         }
-        let in_prompt = spans
+        let in_prompt = hiding
+            .spans
             .iter()
             .map(|s| {
                 let at = starts.get(s.message as usize).ok_or_else(|| {
@@ -406,8 +405,9 @@ impl TextFrontEnd {
                 Ok(at + s.start as usize..at + s.end as usize)
             })
             .collect::<Result<Vec<Range<usize>>, PluginError>>()?;
+        let covered = self.covered_placeholders(snapshot, hiding.boxes, &images, &placed)?;
         let boundary = starts
-            .get(from_message as usize)
+            .get(hiding.from_message as usize)
             .copied()
             .unwrap_or(prompt.text.len());
         let from = offsets
@@ -415,21 +415,27 @@ impl TextFrontEnd {
             .position(|t| t.end > boundary)
             .unwrap_or(ids.len())
             .min(ids.len() - 1);
-        let hidden = hidden
+        let hidden = hiding
+            .hidden
             .iter()
             .map(|entry| {
-                let spans = entry
-                    .iter()
-                    .map(|&i| {
-                        in_prompt.get(i as usize).ok_or_else(|| {
-                            PluginError::invalid_input(format!("hidden span {i} is not given"))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, PluginError>>()?;
-                let covered = offsets
-                    .iter()
-                    .map(|t| spans.iter().any(|s| t.start < s.end && s.start < t.end));
-                Ok(runs(covered))
+                let mut spans = Vec::new();
+                let mut positions = vec![false; ids.len()];
+                for &i in entry {
+                    let i = i as usize;
+                    if let Some(span) = in_prompt.get(i) {
+                        spans.push(span);
+                    } else if let Some(cells) = covered.get(i - in_prompt.len()) {
+                        cells.iter().for_each(|&p| positions[p] = true);
+                    } else {
+                        return Err(PluginError::invalid_input(format!(
+                            "hidden part {i} is not given"
+                        )));
+                    }
+                }
+                let flags = (offsets.iter().zip(&positions))
+                    .map(|(t, &p)| p || spans.iter().any(|s| t.start < s.end && s.start < t.end));
+                Ok(runs(flags))
             })
             .collect::<Result<Vec<_>, PluginError>>()?;
         Ok(HiddenScoring {
@@ -438,6 +444,60 @@ impl TextFrontEnd {
             from,
             hidden,
         })
+    }
+
+    /// For each of `boxes`, the prompt positions of its image's placeholders whose cells
+    /// overlap it (`images` in prompt order, `placed` their placeholders' positions).
+    fn covered_placeholders(
+        &self,
+        snapshot: &ConversationSnapshot,
+        boxes: &[ImageBox],
+        images: &[&Image],
+        placed: &[Vec<usize>],
+    ) -> Result<Vec<Vec<usize>>, PluginError> {
+        let Some(vision) = self.vision.as_ref().filter(|_| !boxes.is_empty()) else {
+            return match boxes.is_empty() {
+                true => Ok(Vec::new()),
+                false => Err(PluginError::unsupported(format!(
+                    "model `{}` sees no images, so it cannot hide parts of one",
+                    self.model_id
+                ))),
+            };
+        };
+        // Each message's first image, counted over the conversation.
+        let mut first = Vec::new();
+        let mut count = 0;
+        for message in snapshot.messages() {
+            first.push(count);
+            count += message
+                .parts
+                .iter()
+                .filter(|p| matches!(p, Part::Image { .. }))
+                .count();
+        }
+        boxes
+            .iter()
+            .map(|b| {
+                let k = first.get(b.message as usize).map(|f| f + b.image as usize);
+                let found = k.and_then(|k| Some((images.get(k)?, placed.get(k)?)));
+                let Some((image, positions)) = found else {
+                    return Err(PluginError::invalid_input(format!(
+                        "a box is in image {} of message {}, which the prompt does not hold",
+                        b.image, b.message
+                    )));
+                };
+                let (w, h) = (f64::from(image.width), f64::from(image.height));
+                let [x0, y0, x1, y1] = b.bounds.map(f64::from);
+                let target = [x0 / w, y0 / h, x1 / w, y1 / h];
+                let cells = vision
+                    .processor
+                    .placeholder_cells((image.height, image.width));
+                Ok((cells.iter().zip(positions))
+                    .filter(|(cell, _)| overlaps(cell, &target))
+                    .map(|(_, &p)| p)
+                    .collect())
+            })
+            .collect()
     }
 
     /// Samples a reply after a prompt of `prompt_len` tokens whose last logits row is `row`;
@@ -594,6 +654,41 @@ fn message_starts(
             Ok(at)
         })
         .collect()
+}
+
+/// Gives each image's placeholders in `ids` (the prompt's tokens, the images in the order their
+/// placeholders stand) the image's ids, in order: in one run, or one run per tile between the
+/// tiles' markers. Returns each image's placeholder positions.
+fn place_images(
+    vision: &Vision,
+    ids: &mut [u32],
+    images: &[&Image],
+) -> Result<Vec<Vec<usize>>, PluginError> {
+    let processor = vision.processor.as_ref();
+    let placeholder = processor.image_token_id();
+    let mut slots = (ids.iter_mut().enumerate()).filter(|(_, id)| **id == placeholder);
+    let mut placed = Vec::with_capacity(images.len());
+    for image in images {
+        let count = processor.image_tokens((image.height, image.width)).tokens as usize;
+        let first = vision.ids.ids_of(image, count)?;
+        let mut positions = Vec::with_capacity(count);
+        for k in 0..count as u32 {
+            let (at, slot) = slots.next().ok_or_else(|| {
+                PluginError::internal("the prompt holds fewer placeholders than its images")
+            })?;
+            *slot = first + k;
+            positions.push(at);
+        }
+        placed.push(positions);
+    }
+    if slots.next().is_some() {
+        return Err(PluginError::invalid_input(format!(
+            "the conversation's text holds the image placeholder `{}`, which stands for image \
+             features only",
+            processor.image_token()
+        )));
+    }
+    Ok(placed)
 }
 
 /// The runs of `true` in `flags`, as index ranges.

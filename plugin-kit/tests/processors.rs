@@ -112,6 +112,43 @@ fn idefics3_and_smolvlm_tile_as_transformers_does() {
             .map(|&m| m as u64)
             .collect();
         assert_eq!(ours, numbers(&case["mm_token_type_ids"]));
+        cells_cover_each_view(&processor, (480, 640));
+    }
+}
+
+/// One cell per placeholder; each view's cells tile its part of the image, row by row, and the
+/// global view's (last) the whole image.
+fn cells_cover_each_view(processor: &Idefics3Processor, size: (u32, u32)) {
+    let cells = processor.placeholder_cells(size);
+    let counts = processor.image_tokens(size);
+    assert_eq!(cells.len(), counts.tokens as usize);
+    let per_view = processor.image_seq_len();
+    let (rows, cols) = processor.grid(size);
+    let views: Vec<&[[f64; 4]]> = cells.chunks(per_view).collect();
+    assert_eq!(views.len(), (rows * cols + 1) as usize);
+    let side = (per_view as f64).sqrt();
+    for (v, view) in views.iter().enumerate() {
+        let (r, c) = match v < (rows * cols) as usize {
+            true => ((v as u32 / cols) as f64, (v as u32 % cols) as f64),
+            false => (0.0, 0.0),
+        };
+        let (w, h) = match v < (rows * cols) as usize {
+            true => (1.0 / f64::from(cols), 1.0 / f64::from(rows)),
+            false => (1.0, 1.0),
+        };
+        let [x0, y0, ..] = view[0];
+        let [.., x1, y1] = view[per_view - 1];
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(
+            close(x0, c * w) && close(y0, r * h),
+            "view {v} starts at {x0}, {y0}"
+        );
+        assert!(
+            close(x1, (c + 1.0) * w) && close(y1, (r + 1.0) * h),
+            "view {v}"
+        );
+        // The second placeholder is the first's right neighbour.
+        assert!(close(view[1][0], x0 + w / side), "view {v} is row by row");
     }
 }
 

@@ -116,8 +116,10 @@ def test_image_regions_from_the_messages_are_players(tmp_path):
     ball = ex.players[2]
     assert (ball["id"], ball["label"], ball["box"]) == ("m0.i0.r1", "ball", [34, 18, 46, 30])
     assert max(range(len(ex.values)), key=lambda i: abs(ex.values[i])) == 2
-    with pytest.raises(lmhost.InvalidInputError, match="does not yet take image or audio players"):
-        mock().explain(messages, reply="red", image_players="grid", absence="hide")
+    hidden = mock().explain(messages, reply="red", image_players="regions", absence="hide", estimator="exact")
+    assert hidden.values == pytest.approx(ex.values, abs=1e-9), "the mock forgets a hidden box as a painted one"
+    with pytest.raises(lmhost.InvalidInputError, match="does not take audio players"):
+        mock().explain(messages, reply="red", audio_players="windows", absence="hide")
 
 
 def test_progress_is_reported_and_an_exception_in_it_stops_the_run_keeping_its_values(tmp_path):

@@ -256,12 +256,15 @@ impl Evaluator<'_> {
     fn values(&mut self, job: &Job, absence: AbsenceKind) -> Result<Vec<Evaluation>> {
         let prompts = job.prompts();
         let keys: Vec<String> = prompts.iter().map(prompt_key).collect();
-        let hiding = (absence == AbsenceKind::Hide).then(|| HidingModel {
-            backend: self.model.backend,
-            conversation: job.players().conversation(),
-            spans: job.players().spans(),
-            absent: keys.iter().cloned().zip(job.absent()).collect(),
-        });
+        let hiding = match absence {
+            AbsenceKind::Hide => Some(HidingModel {
+                backend: self.model.backend,
+                conversation: job.players().conversation(),
+                parts: job.players().hidden_parts()?,
+                absent: keys.iter().cloned().zip(job.absent()).collect(),
+            }),
+            _ => None,
+        };
         let new: Vec<(&ConversationSnapshot, &String)> = prompts
             .iter()
             .zip(&keys)

@@ -2,14 +2,14 @@
 //! as is, or (`absence = "hide"`) the whole conversation with the absent players hidden.
 
 use lmhost_plugin_api::{
-    Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord, ScoreRecord, TextSpan,
+    Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord, ScoreRecord,
 };
 
 use std::collections::HashMap;
 
 use super::store::prompt_key;
 use crate::backend::Backend;
-use crate::explain::Model;
+use crate::explain::{HiddenParts, Model};
 
 /// A backend seen as the explain crate's [`Model`].
 pub(super) struct BackendModel<'a> {
@@ -68,7 +68,7 @@ impl Model for BackendModel<'_> {
 pub(super) struct HidingModel<'a> {
     pub(super) backend: &'a Backend,
     pub(super) conversation: &'a ConversationSnapshot,
-    pub(super) spans: Vec<TextSpan>,
+    pub(super) parts: HiddenParts,
     /// The absent players of each prompt, by prompt key.
     pub(super) absent: HashMap<String, Vec<u32>>,
 }
@@ -104,15 +104,20 @@ impl Model for HidingModel<'_> {
         let hidden = prompts
             .iter()
             .map(|p| {
-                self.absent
+                let absent = self
+                    .absent
                     .get(&prompt_key(p))
-                    .cloned()
-                    .ok_or_else(|| "a prompt that is no coalition of this level".to_string())
+                    .ok_or_else(|| "a prompt that is no coalition of this level".to_string())?;
+                Ok(absent
+                    .iter()
+                    .map(|&i| self.parts.of_player[i as usize])
+                    .collect())
             })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+            .collect::<std::result::Result<Vec<Vec<u32>>, String>>()?;
         let last = self.conversation.messages().count().saturating_sub(1) as u32;
+        let parts = (&self.parts.spans[..], &self.parts.boxes[..], &hidden[..]);
         self.backend
-            .score_hidden(self.conversation, reply, (&self.spans, &hidden), last)
+            .score_hidden(self.conversation, reply, parts, last)
             .map_err(|e| e.to_string())
     }
 }

@@ -1,6 +1,6 @@
 //! Gemma 3's processor: a fixed number of soft tokens per image.
 
-use super::{token_id, ImageTokens, Modality, Processor};
+use super::{grid_cells, token_id, ImageTokens, Modality, Processor};
 
 /// Gemma 3's processor: every image is 256 soft tokens (a 4x4 average pool of SigLIP's 64x64
 /// patches) between `<start_of_image>` and `<end_of_image>`, with a blank line either side.
@@ -54,6 +54,13 @@ impl Processor for Gemma3Processor {
     fn image_text(&self, _size: (u32, u32)) -> String {
         let soft = Self::SOFT.repeat(self.tokens_per_image);
         format!("\n\n{}{soft}{}\n\n", Self::START, Self::END)
+    }
+
+    /// The soft tokens are a square average pool of the patch grid of the whole image (resized
+    /// to a square without keeping its aspect), row by row.
+    fn placeholder_cells(&self, _size: (u32, u32)) -> Vec<[f64; 4]> {
+        let side = (self.tokens_per_image as f64).sqrt() as usize;
+        grid_cells(side, [0.0, 0.0, 1.0, 1.0])
     }
 
     fn modalities(&self, ids: &[u32]) -> Vec<Modality> {

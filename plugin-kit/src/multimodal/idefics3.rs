@@ -6,7 +6,7 @@ use lmhost_plugin_api::Image;
 
 use super::pixels::{rgb, Normalize};
 use super::resample::{resize, Filter};
-use super::{token_id, ImageTokens, Modality, Processor};
+use super::{grid_cells, token_id, ImageTokens, Modality, Processor};
 
 /// Idefics3's processor (SmolVLM's too): the image is scaled so that its longest side is
 /// `longest_edge`, cut into tiles of `max_image_size` (row by row, each tile
@@ -191,6 +191,26 @@ impl Processor for Idefics3Processor {
             text.push('\n');
         }
         text + "\n" + &global
+    }
+
+    /// Each tile's placeholders are the pixel-shuffled patch grid of its part of the image,
+    /// row by row (the image is resized along each axis alone, so a tile's fraction of the
+    /// resized image is its fraction of the original); then the global view's, over the
+    /// whole image.
+    fn placeholder_cells(&self, size: (u32, u32)) -> Vec<[f64; 4]> {
+        let side = (self.image_seq_len as f64).sqrt() as usize;
+        let (rows, cols) = self.grid(size);
+        let mut cells = Vec::new();
+        for r in 0..rows {
+            for c in 0..cols {
+                let (r, c, rows, cols) =
+                    (f64::from(r), f64::from(c), f64::from(rows), f64::from(cols));
+                let tile = [c / cols, r / rows, (c + 1.0) / cols, (r + 1.0) / rows];
+                cells.extend(grid_cells(side, tile));
+            }
+        }
+        cells.extend(grid_cells(side, [0.0, 0.0, 1.0, 1.0]));
+        cells
     }
 
     /// From an image's first `<fake_token_around_image>` to the one that closes its global

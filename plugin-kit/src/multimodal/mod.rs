@@ -102,6 +102,29 @@ pub trait Processor: Send + Sync {
 
     /// The modality of each of `ids`: an image's markers and placeholders are image.
     fn modalities(&self, ids: &[u32]) -> Vec<Modality>;
+
+    /// For an image of `size` (height, width), the part of it each placeholder stands for, in
+    /// order: `[x0, y0, x1, y1]` as fractions of its width and height. What hiding an image
+    /// region from attention hides: the placeholders whose cells overlap it.
+    fn placeholder_cells(&self, size: (u32, u32)) -> Vec<[f64; 4]>;
+}
+
+/// The cells of a `side x side` grid laid over `within` (`[x0, y0, x1, y1]` fractions), row by
+/// row: where the placeholders of a square feature map lie.
+pub fn grid_cells(side: usize, within: [f64; 4]) -> Vec<[f64; 4]> {
+    let [x0, y0, x1, y1] = within;
+    let (w, h) = ((x1 - x0) / side as f64, (y1 - y0) / side as f64);
+    (0..side * side)
+        .map(|k| {
+            let (r, c) = ((k / side) as f64, (k % side) as f64);
+            [
+                x0 + c * w,
+                y0 + r * h,
+                x0 + (c + 1.0) * w,
+                y0 + (r + 1.0) * h,
+            ]
+        })
+        .collect()
 }
 
 /// The id of a token the processor needs, or an error naming it.

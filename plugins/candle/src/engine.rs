@@ -18,11 +18,10 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 use lmhost_plugin_api::{
-    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord, TextSpan,
-    TokenDelta,
+    ConversationSnapshot, GenerationConfig, GenerationRecord, PluginError, ScoreRecord, TokenDelta,
 };
 use lmhost_plugin_kit::prefix_cache::{common_prefix, PrefixStore};
-use lmhost_plugin_kit::text::{logprob_of, TextFrontEnd};
+use lmhost_plugin_kit::text::{logprob_of, Hiding, TextFrontEnd};
 
 use crate::attention::Hidden;
 use crate::kv::KvState;
@@ -584,20 +583,18 @@ impl Engine {
     }
 
     /// Teacher-forced log-probabilities of `reply` after `snapshot`, once per entry of
-    /// `hidden`, with the spans it lists hidden from messages `from_message..` and the reply
-    /// (the plugin API's `score_hidden`). The prompt before that message runs once (or comes
+    /// `hiding.hidden`, with the spans and image boxes it lists hidden from messages
+    /// `hiding.from_message..` and the reply (the plugin API's `score_hidden`). The prompt before that message runs once (or comes
     /// from the cache), so each entry computes only the rows from there on; with the cache off
     /// each computes all of them.
     pub fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        (spans, hidden, from_message): (&[TextSpan], &[Vec<u32>], u32),
+        hiding: &Hiding<'_>,
         mut store: Option<&mut dyn PrefixStore<KvState>>,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let plan = self
-            .front
-            .hidden_scoring(snapshot, reply, (spans, hidden), from_message)?;
+        let plan = self.front.hidden_scoring(snapshot, reply, hiding)?;
         let items: Vec<Sequence> = plan
             .hidden
             .into_iter()

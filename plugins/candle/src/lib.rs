@@ -23,9 +23,10 @@ use std::sync::Arc;
 
 use lmhost_plugin_api::{
     Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, OptionSpec, PluginContext, PluginError, ScoreRecord,
-    TextSpan, TokenDelta, TokenizeRecord,
+    GenerationRecord, ImageBox, KvCacheSettings, OptionSpec, PluginContext, PluginError,
+    ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
 };
+use lmhost_plugin_kit::text::Hiding;
 
 use crate::audio_backend::{AudioBackend, SpeechModel};
 use crate::engine::Engine;
@@ -190,13 +191,18 @@ impl Backend for Candle {
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        spans: &[TextSpan],
+        (spans, boxes): (&[TextSpan], &[ImageBox]),
         hidden: &[Vec<u32>],
         from_message: u32,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         let text = self.text("score_hidden")?;
-        let hiding = (spans, hidden, from_message);
-        let records = text.score_hidden(snapshot, reply, hiding, &self.pool)?;
+        let hiding = Hiding {
+            spans,
+            boxes,
+            hidden,
+            from_message,
+        };
+        let records = text.score_hidden(snapshot, reply, &hiding, &self.pool)?;
         Ok(self.scores_counted(records))
     }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::DType;
 use lmhost_plugin_api::{
     lock_or_reset, BackendStats, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, KvCacheSettings, Logger, PluginError, ScoreRecord, TextSpan, TokenDelta,
+    GenerationRecord, KvCacheSettings, Logger, PluginError, ScoreRecord, TokenDelta,
     TokenizeRecord,
 };
 
@@ -22,7 +22,7 @@ use crate::models::BuildOptions;
 use crate::options::Settings;
 use crate::{attention, kernels, source, weights};
 use lmhost_plugin_kit::prefix_cache::{PrefixStore, SharedCache, TokenCounts};
-use lmhost_plugin_kit::text::TextFrontEnd;
+use lmhost_plugin_kit::text::{Hiding, TextFrontEnd};
 
 /// Runs `f` on `pool`, outside the decode phase (see [`weights::prefilling`]).
 fn install<T: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> T + Send) -> T {
@@ -167,7 +167,7 @@ impl TextModel {
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        hiding: (&[TextSpan], &[Vec<u32>], u32),
+        hiding: &Hiding<'_>,
         pool: &rayon::ThreadPool,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         self.refuse_media(snapshot, pool)?;

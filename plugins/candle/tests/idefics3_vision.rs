@@ -176,3 +176,10 @@ fn logits_at_every_position_match_transformers() {
         assert!(diff < 1e-5, "{name}: {diff}");
     }
 }
+
+/// Parts of an image hidden from attention (explain's `hide` over image regions): see
+/// [`common::vlm::hiding_image_regions`].
+#[test]
+fn hiding_image_regions_hides_their_placeholders() {
+    common::vlm::hiding_image_regions(&fixture());
+}

@@ -13,6 +13,7 @@ use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{
     Backend, ConversationSnapshot, GenerationConfig, Message, PluginContext, Role, TextSpan, Turn,
 };
+use lmhost_plugin_kit::text::Hiding;
 
 fn model_path() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -504,9 +505,15 @@ fn hidden_spans_become_the_tokens_that_spell_them() {
     let (snapshot, spans) = hiding_case();
     let engine = f32_model().engine().unwrap();
     let hidden = [vec![1], vec![0, 2], vec![]];
+    let hiding = |from_message| Hiding {
+        spans: &spans,
+        boxes: &[],
+        hidden: &hidden,
+        from_message,
+    };
     let plan = engine
         .front
-        .hidden_scoring(&snapshot, "Sylvania", (&spans, &hidden), 1)
+        .hidden_scoring(&snapshot, "Sylvania", &hiding(1))
         .unwrap();
     let text = |ids: &[u32]| engine.front.decode(ids, false).unwrap();
     let spelled = |ranges: &[std::ops::Range<usize>]| -> Vec<String> {
@@ -529,7 +536,7 @@ fn hidden_spans_become_the_tokens_that_spell_them() {
     assert_eq!(plan.prompt, engine.front.prompt_ids(&snapshot, 0).unwrap());
     let whole = engine
         .front
-        .hidden_scoring(&snapshot, "Sylvania", (&spans, &hidden), 0)
+        .hidden_scoring(&snapshot, "Sylvania", &hiding(0))
         .unwrap();
     assert!(text(&whole.prompt[whole.from..]).starts_with("The capital of Freedonia"));
     assert_eq!(whole.hidden, plan.hidden);
@@ -556,13 +563,13 @@ fn score_hidden_hides_spans_from_the_last_message_on_and_reuses_the_rest() {
     let hidden = [vec![], vec![0], vec![1], vec![0, 1, 2]];
     let plain = off.score(&snapshot, reply).unwrap();
     let cold = off
-        .score_hidden(&snapshot, reply, &spans, &hidden, 1)
+        .score_hidden(&snapshot, reply, (&spans, &[]), &hidden, 1)
         .unwrap();
     let warm = on
-        .score_hidden(&snapshot, reply, &spans, &hidden, 1)
+        .score_hidden(&snapshot, reply, (&spans, &[]), &hidden, 1)
         .unwrap();
     let alone = on
-        .score_hidden(&snapshot, reply, &spans, &hidden[1..2], 1)
+        .score_hidden(&snapshot, reply, (&spans, &[]), &hidden[1..2], 1)
         .unwrap();
     assert_eq!(cold.len(), 4);
     assert!(max_abs_diff(&cold[0].logprobs, &plain.logprobs) <= 1e-5);

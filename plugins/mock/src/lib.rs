@@ -17,8 +17,9 @@ use std::time::Duration;
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
     Audio, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    FinishReason, GenerationConfig, GenerationRecord, Image, KvCacheSettings, Message, OptionKind,
-    OptionSpec, Part, PluginContext, PluginError, Role, ScoreRecord, TokenDelta, TokenizeRecord,
+    FinishReason, GenerationConfig, GenerationRecord, Image, ImageBox, KvCacheSettings, OptionKind,
+    OptionSpec, Part, PluginContext, PluginError, Role, ScoreRecord, TextSpan, TokenDelta,
+    TokenizeRecord,
 };
 
 /// Size of the mock vocabulary, for smoothing and embeddings.
@@ -150,6 +151,45 @@ impl Backend for Mock {
             .collect()
     }
 
+    /// A bag of words forgets what it cannot see: each entry scores the reply with the words of
+    /// its hidden spans and image boxes left out of the prompt (the mock keeps no state for
+    /// the messages before `from_message` to have seen them).
+    fn score_hidden(
+        &self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+        (spans, boxes): (&[TextSpan], &[ImageBox]),
+        hidden: &[Vec<u32>],
+        _from_message: u32,
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        let words: Vec<&str> = reply.split_whitespace().collect();
+        let placed = placed_words(snapshot);
+        hidden
+            .iter()
+            .map(|entry| {
+                let chosen = |i: &&u32| (**i as usize) < spans.len();
+                let hidden_spans: Vec<&TextSpan> = entry
+                    .iter()
+                    .filter(chosen)
+                    .map(|&i| &spans[i as usize])
+                    .collect();
+                let hidden_boxes: Vec<&ImageBox> = (entry.iter())
+                    .filter_map(|&i| boxes.get((i as usize).checked_sub(spans.len())?))
+                    .collect();
+                let prompt: Vec<String> = (placed.iter())
+                    .filter(|w| !w.hidden_by(&hidden_spans, &hidden_boxes))
+                    .map(|w| w.text.clone())
+                    .collect();
+                Ok(ScoreRecord {
+                    token_ids: words.iter().map(|w| token_id(w)).collect(),
+                    logprobs: continuation_logprobs(&prompt, &words).into(),
+                    prompt_tokens: prompt.len() as u32,
+                    cached_prompt_tokens: 0,
+                })
+            })
+            .collect()
+    }
+
     fn set_kv_cache(&self, settings: KvCacheSettings) -> Result<(), PluginError> {
         let mut state = self.state.lock().map_err(poisoned)?;
         *state = State {
@@ -208,7 +248,10 @@ impl Mock {
         let prompt = prompt_words(snapshot);
         let cached = self.run_prompt(&prompt);
         // Replies draw on message words, not on the role markers.
-        let content: Vec<String> = snapshot.messages().flat_map(message_words).collect();
+        let content: Vec<String> = (placed_words(snapshot).into_iter())
+            .filter(|w| !matches!(w.from, Source::Marker))
+            .map(|w| w.text)
+            .collect();
         let content = if content.is_empty() {
             prompt.clone()
         } else {
@@ -293,31 +336,95 @@ impl Mock {
 /// The prompt as words, with each chat message introduced by its role (raw text has none),
 /// and its images and audio as the words the mock sees and hears in them.
 fn prompt_words(snapshot: &ConversationSnapshot) -> Vec<String> {
+    placed_words(snapshot).into_iter().map(|w| w.text).collect()
+}
+
+/// A prompt word and where it came from, so that `score_hidden` can hide it.
+struct Word {
+    text: String,
+    message: usize,
+    from: Source,
+}
+
+enum Source {
+    /// A message's role marker.
+    Marker,
+    /// A sound, which cannot be hidden.
+    Sound,
+    /// Bytes of the message's text.
+    Text(std::ops::Range<usize>),
+    /// A cell `[x0, y0, x1, y1]` of the message's image `image`.
+    Cell(usize, [u32; 4]),
+}
+
+impl Word {
+    /// Whether a hidden span or box covers it.
+    fn hidden_by(&self, spans: &[&TextSpan], boxes: &[&ImageBox]) -> bool {
+        let message = self.message as u32;
+        match &self.from {
+            Source::Marker | Source::Sound => false,
+            Source::Text(r) => spans.iter().any(|s| {
+                s.message == message && (s.start as usize) < r.end && r.start < s.end as usize
+            }),
+            Source::Cell(image, [x0, y0, x1, y1]) => boxes.iter().any(|b| {
+                let [bx0, by0, bx1, by1] = b.bounds;
+                b.message == message
+                    && b.image as usize == *image
+                    && *x0 < bx1
+                    && bx0 < *x1
+                    && *y0 < by1
+                    && by0 < *y1
+            }),
+        }
+    }
+}
+
+/// The prompt's words in order, each with where it came from.
+fn placed_words(snapshot: &ConversationSnapshot) -> Vec<Word> {
     let mut words = Vec::new();
-    for message in snapshot.messages() {
+    for (m, message) in snapshot.messages().enumerate() {
+        let word = |text: String, from| Word {
+            text,
+            message: m,
+            from,
+        };
         if message.role != Role::Raw {
-            words.push(format!("{}:", message.role.as_str()));
+            words.push(word(format!("{}:", message.role.as_str()), Source::Marker));
         }
-        words.extend(message_words(message));
+        let (mut offset, mut images) = (0, 0);
+        for part in message.parts.iter() {
+            match part {
+                Part::Text { text } => {
+                    for (start, piece) in spans_of(text) {
+                        let at = offset + start..offset + start + piece.len();
+                        words.push(word(piece.to_string(), Source::Text(at)));
+                    }
+                    offset += text.len();
+                }
+                Part::Image { image } => {
+                    for (name, cell) in seen(image) {
+                        words.push(word(name, Source::Cell(images, cell)));
+                    }
+                    images += 1;
+                }
+                Part::Audio { audio } => {
+                    words.extend(heard(audio).into_iter().map(|w| word(w, Source::Sound)))
+                }
+            }
+        }
     }
     words
 }
 
-/// A message's words, read, seen and heard, in the order of its parts.
-fn message_words(message: &Message) -> Vec<String> {
-    let mut words = Vec::new();
-    for part in message.parts.iter() {
-        match part {
-            Part::Text { text } => words.extend(text.split_whitespace().map(String::from)),
-            Part::Image { image } => words.extend(seen(image)),
-            Part::Audio { audio } => words.extend(heard(audio)),
-        }
-    }
-    words
+/// The whitespace-separated words of `text` with their byte offsets.
+fn spans_of(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.split_whitespace()
+        .map(move |w| (w.as_ptr() as usize - text.as_ptr() as usize, w))
 }
 
-/// The colours of an image's 4 x 4 cells: a word per colour per cell that holds a pixel of it.
-fn seen(image: &Image) -> Vec<String> {
+/// The colours of an image's 4 x 4 cells: a word per colour per cell that holds a pixel of
+/// it, with the cell's box.
+fn seen(image: &Image) -> Vec<(String, [u32; 4])> {
     let (w, h) = (image.width as usize, image.height as usize);
     let mut words = Vec::new();
     for cell in 0..16 {
@@ -335,7 +442,8 @@ fn seen(image: &Image) -> Vec<String> {
                 })
             });
             if found {
-                words.push(name.to_string());
+                let bounds = [xs.start, ys.start, xs.end, ys.end].map(|v| v as u32);
+                words.push((name.to_string(), bounds));
             }
         }
     }

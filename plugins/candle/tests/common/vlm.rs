@@ -299,3 +299,55 @@ pub fn all_logits_diff(vlm: &Vlm, name: &str) -> f32 {
     let theirs = vlm.reference(&format!("chat.{name}.logits"));
     tensor_diff(&ours, &theirs)
 }
+
+/// Hiding parts of the noise image of the chat "one" from the attention of the question and
+/// the reply (`score_hidden` with image boxes): hiding nothing is the plain score, hiding every
+/// cell of a 2 x 2 grid is hiding the whole image, hiding one cell moves the score, and the
+/// vision tower encodes the image once for all of it.
+pub fn hiding_image_regions(vlm: &Vlm) {
+    use lmhost_plugin_api::ImageBox;
+    let backend = backend(&vlm.dir);
+    let (snapshot, reply) = vlm.chat("one");
+    let plain = backend.score(&snapshot, reply).unwrap();
+    let bounds = [
+        [0, 0, 40, 30],
+        [40, 0, 80, 30],
+        [0, 30, 40, 60],
+        [40, 30, 80, 60],
+        [0, 0, 80, 60],
+    ];
+    let boxes: Vec<ImageBox> = (bounds.iter())
+        .map(|&bounds| ImageBox {
+            message: 0,
+            image: 0,
+            bounds,
+        })
+        .collect();
+    let hidden = [vec![], vec![0, 1, 2, 3], vec![4], vec![1]];
+    let records = backend
+        .score_hidden(&snapshot, reply, (&[], &boxes), &hidden, 0)
+        .unwrap();
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let [none, cells, whole, one] = [0, 1, 2, 3].map(|i| records[i].logprobs.to_vec());
+    assert!(
+        diff(&none, &plain.logprobs) <= 1e-5,
+        "{none:?} vs {plain:?}"
+    );
+    assert!(diff(&cells, &whole) <= 1e-6, "{cells:?} vs {whole:?}");
+    assert!(
+        diff(&one, &none) > 1e-4,
+        "hiding a cell changes nothing: {one:?}"
+    );
+    assert!(
+        diff(&whole, &one) > 1e-4,
+        "hiding all is hiding one: {whole:?}"
+    );
+    let engine = backend.engine().unwrap();
+    let vision = engine.front.vision().expect("a vision-language model");
+    assert_eq!(vision.ids.encoded(), 1, "one image, encoded once");
+}
