@@ -311,25 +311,7 @@ fn the_html_page_shades_regions_and_segments() {
     let page = dir.path().join("e.html");
     std::fs::write(&page, outcome.to_html()).unwrap();
     let url = format!("file://{}", page.display());
-    let chromium = |args: &[&str]| {
-        let output = std::process::Command::new("chromium")
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-            ])
-            .args(args)
-            .arg(&url)
-            .output()
-            .expect("chromium runs: install it with scripts/setup-system");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    };
+    let chromium = |args: &[&str]| common::chromium(&url, args);
     let dom = chromium(&["--dump-dom"]);
     let max = attributions
         .iter()

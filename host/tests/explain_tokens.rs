@@ -3,7 +3,6 @@
 //! Chromium renders it (Debian's `chromium`, which `scripts/setup-system` installs).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use lmhost::report::html::shade;
 use serde_json::Value;
@@ -44,17 +43,7 @@ fn numbers(v: &Value) -> Vec<f64> {
 /// The page's DOM after its scripts ran, opened at `fragment`.
 fn rendered(page: &Path, fragment: &str) -> String {
     let url = format!("file://{}{fragment}", page.display());
-    let output = Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
-        .arg(&url)
-        .output()
-        .expect("chromium runs: install it with scripts/setup-system");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+    common::chromium(&url, &["--dump-dom"])
 }
 
 /// Each player span's background as Chromium serializes it, `(r, g, b, alpha)`, by `data-p`.

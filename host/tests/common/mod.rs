@@ -354,3 +354,25 @@ pub fn assert_same_order(a: &[f64], b: &[f64], tolerance: f64) {
         }
     }
 }
+
+/// Headless Chromium (Debian's `chromium`, which `scripts/setup-system` installs) on `url` with
+/// `args` (`--dump-dom`: the page's DOM after its scripts ran; `--screenshot=FILE`); its stdout.
+pub fn chromium(url: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("chromium runs: install it with scripts/setup-system");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

@@ -280,10 +280,18 @@ pub fn tokenized_image_run(
     (first..last + 1, record)
 }
 
+/// Our logits at every position of each reference chat are Transformers' within `bound`.
+pub fn all_logits_match(vlm: &Vlm, bound: f32) {
+    for name in ["text", "one", "two"] {
+        let diff = all_logits_diff(vlm, name);
+        assert!(diff < bound, "{name}: {diff}");
+    }
+}
+
 /// The largest difference between our logits and Transformers' at every position of the chat
 /// `name` (its prompt, images included, and reply): image positions too, where attending to an
 /// image's tokens in the wrong order shows most.
-pub fn all_logits_diff(vlm: &Vlm, name: &str) -> f32 {
+fn all_logits_diff(vlm: &Vlm, name: &str) -> f32 {
     use lmhost_candle::models::Logits;
     let backend = backend(&vlm.dir);
     let engine = backend.engine().unwrap();
