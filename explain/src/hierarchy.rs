@@ -4,13 +4,16 @@
 //!
 //! A message's parts are its sentences (a one-sentence message's: its words); more than
 //! [`FANOUT`] parts are grouped into [`FANOUT`] runs of consecutive ones, which the next level
-//! refines in turn. Every level is a small game, cheap for any estimator (exact: 16 coalitions
+//! refines in turn. Where image players are asked for, a message's images are parts of it too,
+//! each whole (`m2.i0`), and an image's parts are its regions (`m2.i0.r5`). Every level is a small game, cheap for any estimator (exact: 16 coalitions
 //! when one player is refined): the refined players' parts are its players, and the rest of
 //! the conversation stays present. So a level's values share out the effect of removing the refined
 //! players together, v(all) − v(all without them), the way its estimand says.
 
+use super::media::{self, ImagePlayers, Piece};
 use super::players::{sentences, words, Players, Unit};
 use super::{Explanation, Granularity};
+use lmhost_plugin_api::Part;
 
 /// The most parts one player is refined into.
 pub const FANOUT: usize = 4;
@@ -68,7 +71,7 @@ pub fn refine(
     floor: Granularity,
 ) -> Option<(Players, Vec<String>)> {
     let units = players.units();
-    let split = |i: usize| parts(&players.message_text(units[i].message), &units[i], floor);
+    let split = |i: usize| media_parts(players, &units[i], floor);
     let mut strongest: Vec<usize> = (0..units.len()).collect();
     strongest.sort_by_key(|&i| explanation.attributions[i].rank);
     // Each player's parts are found once, and only until `top` of them can split.
@@ -90,9 +93,66 @@ pub fn refine(
         })
         .unzip();
     Some((
-        Players::of_units(players.conversation(), parts, players.fill()),
+        Players::of_units(players.conversation(), parts, players.media()),
         parents,
     ))
+}
+
+/// The parts of `unit` with images in: a whole message's are its text's parts (or its text
+/// whole, where that cannot split) and its images, each whole; a whole image's are its regions
+/// (straight away where the image is its message's only part); a region's none.
+fn media_parts(players: &Players, unit: &Unit, floor: Granularity) -> Vec<Unit> {
+    let text = players.message_text(unit.message);
+    let Some(message) = players.conversation().messages().nth(unit.message) else {
+        return Vec::new();
+    };
+    let as_unit = |(id, piece): (String, Piece)| Unit {
+        message: unit.message,
+        span: 0..0,
+        id,
+        piece: Some(piece),
+    };
+    let spec = players.media();
+    if spec.images == ImagePlayers::Whole {
+        return parts(&text, unit, floor);
+    }
+    let regions = |piece: &Piece| {
+        let (images, part) = (message.parts.iter(), piece.part());
+        let index = images
+            .take(part)
+            .filter(|p| matches!(p, Part::Image { .. }))
+            .count();
+        match &message.parts[part] {
+            Part::Image { image } => {
+                (media::region_pieces(image, (unit.message, part, index), spec))
+                    .map(|pieces| pieces.into_iter().map(as_unit).collect())
+                    .unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    };
+    match &unit.piece {
+        Some(piece) if !unit.id.contains(".r") => regions(piece),
+        Some(_) => Vec::new(),
+        None if unit.id == format!("m{}", unit.message) => {
+            let images: Vec<Unit> = (media::whole_images(message, unit.message).into_iter())
+                .map(as_unit)
+                .collect();
+            let mut found = parts(&text, unit, floor);
+            if found.is_empty() && !text.is_empty() && !images.is_empty() {
+                // Its text cannot split: one part, beside the images.
+                found.push(Unit {
+                    id: format!("m{}.t", unit.message),
+                    ..unit.clone()
+                });
+            }
+            match (found.is_empty(), images.as_slice()) {
+                (true, [image]) => regions(image.piece.as_ref().expect("an image's piece")),
+                _ => found.into_iter().chain(images).collect(),
+            }
+        }
+        None => parts(&text, unit, floor),
+    }
 }
 
 #[cfg(test)]

@@ -56,13 +56,6 @@ impl Default for MediaSpec {
     }
 }
 
-impl MediaSpec {
-    /// Whether any image or audio clip splits into players.
-    pub fn splits(&self) -> bool {
-        self.images != ImagePlayers::Whole || self.audio != AudioPlayers::Whole
-    }
-}
-
 /// Where a media player lies in its message: part `part`, and the box or samples it covers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
@@ -123,15 +116,7 @@ pub fn pieces(
     for (part, content) in message.parts.iter().enumerate() {
         match content {
             Part::Image { image } if spec.images != ImagePlayers::Whole => {
-                let regions = image_regions(image, global, images, spec)?;
-                for (r, region) in regions.into_iter().enumerate() {
-                    let piece = Piece::Region {
-                        part,
-                        bounds: region.bounds,
-                        label: region.label,
-                    };
-                    out.push((format!("m{global}.i{images}.r{r}"), piece));
-                }
+                out.extend(region_pieces(image, (global, part, images), spec)?);
                 images += 1;
             }
             Part::Image { .. } => images += 1,
@@ -153,6 +138,45 @@ pub fn pieces(
         }
     }
     Ok(out)
+}
+
+/// The region players of `image`, part `part` and image `index` of message `global`.
+pub fn region_pieces(
+    image: &Image,
+    (global, part, index): (usize, usize, usize),
+    spec: &MediaSpec,
+) -> Result<Vec<(String, Piece)>, ExplainError> {
+    let regions = image_regions(image, global, index, spec)?;
+    Ok((regions.into_iter().enumerate())
+        .map(|(r, region)| {
+            let piece = Piece::Region {
+                part,
+                bounds: region.bounds,
+                label: region.label,
+            };
+            (format!("m{global}.i{index}.r{r}"), piece)
+        })
+        .collect())
+}
+
+/// Each image of `message` (number `global`) as one player, `m2.i0`: how `players = "auto"`
+/// refines a message that holds images, before their regions.
+pub fn whole_images(message: &Message, global: usize) -> Vec<(String, Piece)> {
+    (message.parts.iter().enumerate())
+        .filter_map(|(part, content)| match content {
+            Part::Image { image } => Some((part, image)),
+            _ => None,
+        })
+        .enumerate()
+        .map(|(k, (part, image))| {
+            let piece = Piece::Region {
+                part,
+                bounds: [0, 0, image.width, image.height],
+                label: None,
+            };
+            (format!("m{global}.i{k}"), piece)
+        })
+        .collect()
 }
 
 /// The regions image `index` of message `message` splits into, checked against its size.

@@ -77,9 +77,9 @@ pub struct Players {
     players: Vec<Player>,
     /// Per turn, per message: the layout when the message's text holds players.
     layouts: Vec<Vec<Option<MessageLayout>>>,
-    /// How absent image regions are painted.
-    fill: Fill,
-    /// `(message, part, image)`: each image with region players wholly painted with `fill`,
+    /// Which media players there are, and how absent image regions are painted.
+    media: MediaSpec,
+    /// `(message, part, image)`: each image with region players wholly painted with the fill,
     /// where an absent region's pixels come from.
     blanks: Vec<(usize, usize, Image)>,
 }
@@ -91,13 +91,6 @@ impl Players {
         conversation: &ConversationSnapshot,
         spec: &PlayerSpec,
     ) -> Result<Players, ExplainError> {
-        if spec.media.splits() && spec.granularity == Granularity::Auto {
-            return Err(ExplainError::Players(
-                "image and audio players are not refined by `players = \"auto\"` yet; choose \
-                 \"messages\", \"sentences\" or \"words\" with them"
-                    .into(),
-            ));
-        }
         let n_turns = conversation.turns.len();
         let mut chosen_turns = Vec::new();
         for &t in &spec.turns {
@@ -119,7 +112,11 @@ impl Players {
                     && (spec.roles.is_empty() || spec.roles.contains(&message.role));
                 if selected {
                     let text = message.text_content();
-                    let pieces = media::pieces(message, global, &spec.media)?;
+                    // `auto` starts from messages, images with them (see `hierarchy`).
+                    let pieces = match spec.granularity {
+                        Granularity::Auto => Vec::new(),
+                        _ => media::pieces(message, global, &spec.media)?,
+                    };
                     // A message of audio or images alone is one player at any granularity,
                     // unless they split into players of their own.
                     let whole = text.is_empty() && (message.has_audio() || message.has_images());
@@ -162,13 +159,17 @@ impl Players {
                 spec.granularity, spec.roles, spec.turns
             )));
         }
-        Ok(Players::of_units(conversation, units, spec.media.fill))
+        Ok(Players::of_units(conversation, units, &spec.media))
     }
 
     /// Players made of `units` (disjoint, in conversation order: within a message its text
     /// players, then its media players); the rest of the conversation stays. Absent image
-    /// regions are painted with `fill`.
-    pub fn of_units(conversation: &ConversationSnapshot, units: Vec<Unit>, fill: Fill) -> Players {
+    /// regions are painted with `media.fill`.
+    pub fn of_units(
+        conversation: &ConversationSnapshot,
+        units: Vec<Unit>,
+        media: &MediaSpec,
+    ) -> Players {
         let mut players: Vec<Player> = Vec::with_capacity(units.len());
         let mut layouts = Vec::new();
         let mut blanks = Vec::new();
@@ -207,7 +208,7 @@ impl Players {
                     });
                 }
                 let mine = &players[first..];
-                blanks.extend(blanks_of(message, global, mine, fill));
+                blanks.extend(blanks_of(message, global, mine, media.fill));
                 let (texts, _): (Vec<usize>, Vec<usize>) =
                     (first..players.len()).partition(|&i| players[i].piece.is_none());
                 let layout = texts
@@ -230,14 +231,14 @@ impl Players {
             conversation: conversation.clone(),
             players,
             layouts,
-            fill,
+            media: media.clone(),
             blanks,
         }
     }
 
-    /// How absent image regions are painted.
-    pub fn fill(&self) -> Fill {
-        self.fill
+    /// Which media players there are, and how absent image regions are painted.
+    pub fn media(&self) -> &MediaSpec {
+        &self.media
     }
 
     /// The media players of message `message` (counted across turns): their indices and pieces.

@@ -261,8 +261,6 @@ impl ExplanationConfig {
                 self.audio_window
             ));
         }
-        let media =
-            self.image_players != ImagePlayers::Whole || self.audio_players != AudioPlayers::Whole;
         if self.audio_players != AudioPlayers::Whole && self.absence == AbsenceKind::Hide {
             return Err(
                 "[explanation] `absence = \"hide\"` does not take audio players (a segment's \
@@ -271,10 +269,11 @@ impl ExplanationConfig {
                     .into(),
             );
         }
-        if media && self.players == Granularity::Auto {
+        if self.audio_players != AudioPlayers::Whole && self.players == Granularity::Auto {
             return Err(
-                "[explanation] image and audio players are not refined by `players = \"auto\"` \
-                 yet; choose \"messages\", \"sentences\" or \"words\" with them"
+                "[explanation] audio players are not refined by `players = \"auto\"` yet \
+                 (images are: a message, then its images, then their regions); choose \
+                 \"messages\", \"sentences\" or \"words\" with them"
                     .into(),
             );
         }

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use lmhost::config::ExplanationConfig;
 use lmhost::explain::{
-    AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, ImagePlayers, ImageRegions, Region,
+    AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers,
+    ImageRegions, Region,
 };
 use lmhost::{explain_run, Config, Outcome, RunOptions};
 use lmhost_plugin_api::{Audio, ConversationSnapshot, Image, Message, Part, Role, Turn};
@@ -136,6 +137,35 @@ fn the_planted_region_ranks_first_with_every_estimator_and_absence() {
     }
 }
 
+/// With `players = "auto"`, the message is refined into its words and its image, and the
+/// image, ranked first, into its regions: the red square's cell ranks first there.
+#[test]
+fn auto_refines_a_message_into_its_image_and_the_image_into_its_regions() {
+    let conversation = conversation(Part::Image { image: picture() }, "What colour is the ball?");
+    let outcome = explain(&conversation, "red", |e| {
+        e.players = Granularity::Auto;
+        e.image_players = ImagePlayers::Grid;
+        e.estimator = EstimatorKind::Kernel;
+    });
+    let levels = &outcome.refinements;
+    assert_eq!(
+        levels.len(),
+        2,
+        "message, then its parts, then the image's regions"
+    );
+    let top = |e: &lmhost::explain::Explanation| {
+        let first = e.attributions.iter().find(|a| a.rank == 1).unwrap();
+        first.player.id.clone()
+    };
+    let parts: Vec<&str> = (levels[0].players.players().iter())
+        .map(|p| p.id.as_str())
+        .collect();
+    assert_eq!(parts.last(), Some(&"m0.i0"), "{parts:?}");
+    assert_eq!(top(&levels[0].explanation), "m0.i0");
+    assert_eq!(levels[1].players.len(), 16);
+    assert_eq!(top(&levels[1].explanation), "m0.i0.r6");
+}
+
 /// Regions given with the conversation are the players, with their labels: the ball's box
 /// ranks first, the sky's gets nothing.
 #[test]
@@ -244,8 +274,8 @@ fn the_cli_reads_regions_and_names_bad_settings() {
             "does not take audio players",
         ),
         (
-            &["--players", "auto"][..],
-            "not refined by `players = \"auto\"`",
+            &["--players", "auto", "--audio-players", "windows"][..],
+            "audio players are not refined by `players = \"auto\"`",
         ),
         (&["--grid", "0x4"][..], "`grid` must be"),
         (
