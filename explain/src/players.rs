@@ -82,6 +82,9 @@ pub struct Players {
     /// `(message, part, image)`: each image with region players wholly painted with the fill,
     /// where an absent region's pixels come from.
     blanks: Vec<(usize, usize, Image)>,
+    /// The indices of the media players: rendering a coalition looks only at these, not at
+    /// every word of a long context.
+    media_players: Vec<usize>,
 }
 
 impl Players {
@@ -227,12 +230,16 @@ impl Players {
             }
             layouts.push(turn_layouts);
         }
+        let media_players = (0..players.len())
+            .filter(|&i| players[i].piece.is_some())
+            .collect();
         Players {
             conversation: conversation.clone(),
             players,
             layouts,
             media: media.clone(),
             blanks,
+            media_players,
         }
     }
 
@@ -243,7 +250,8 @@ impl Players {
 
     /// The media players of message `message` (counted across turns): their indices and pieces.
     pub fn pieces(&self, message: usize) -> Vec<(usize, &Piece)> {
-        (self.players.iter().enumerate())
+        (self.media_players.iter())
+            .map(|&i| (i, &self.players[i]))
             .filter(|(_, p)| p.message == message)
             .filter_map(|(i, p)| p.piece.as_ref().map(|piece| (i, piece)))
             .collect()
