@@ -115,10 +115,12 @@ impl Players {
                     && (spec.roles.is_empty() || spec.roles.contains(&message.role));
                 if selected {
                     let text = message.text_content();
-                    // `auto` starts from messages, images with them (see `hierarchy`).
+                    // Every image's regions are checked here; `auto` starts from messages,
+                    // images with them, and refines into the regions later (`hierarchy`).
+                    let pieces = media::pieces(message, global, &spec.media)?;
                     let pieces = match spec.granularity {
                         Granularity::Auto => Vec::new(),
-                        _ => media::pieces(message, global, &spec.media)?,
+                        _ => pieces,
                     };
                     // A message of audio or images alone is one player at any granularity,
                     // unless they split into players of their own.

@@ -290,11 +290,13 @@ fn the_cli_reads_regions_and_names_bad_settings() {
         {"type": "image", "path": "ball.png", "regions": [{"label": "ball", "box": [30, 0, 70, 10]}]},
     ]}]});
     std::fs::write(&conversation, file.to_string()).unwrap();
-    let stderr = failure(&args(&[]));
-    assert!(
-        stderr.contains("image 0 of message 0 (64x64): region 0 [30, 0, 70, 10]"),
-        "{stderr}"
-    );
+    for extra in [&[][..], &["--players", "auto"][..]] {
+        let stderr = failure(&args(extra));
+        assert!(
+            stderr.contains("image 0 of message 0 (64x64): region 0 [30, 0, 70, 10]"),
+            "{extra:?}: {stderr}"
+        );
+    }
 }
 
 /// The stderr of `lmhost explain <args>`, which must fail.
