@@ -68,6 +68,22 @@ CHATS = {
 }
 
 
+def word_level(vocab, special, template, **tokens):
+    """A word-level tokenizer over `vocab` (token to id), `special` its control and image
+    tokens, splitting at newlines, spaces and punctuation; `tokens` names its special tokens
+    as Transformers' tokenizer arguments do."""
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(pattern=Regex("\n+"), behavior="isolated"),
+        pre_tokenizers.Split(pattern=" ", behavior="removed"),
+        pre_tokenizers.Punctuation(behavior="isolated"),
+    ])
+    backend.add_special_tokens(special)
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", **tokens)
+    fast.chat_template = template
+    return fast
+
+
 def gemma3_tokenizer():
     """A word-level tokenizer over `SPECIAL`, `WORDS` and the image markers, with the ids the
     model config names."""
@@ -75,27 +91,19 @@ def gemma3_tokenizer():
     for word in WORDS:
         vocab[word] = len(vocab)
     vocab.update(MARKERS)
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(pattern=Regex("\n+"), behavior="isolated"),
-        pre_tokenizers.Split(pattern=" ", behavior="removed"),
-        pre_tokenizers.Punctuation(behavior="isolated"),
-    ])
-    backend.add_special_tokens(list(SPECIAL) + list(MARKERS))
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+    return word_level(
+        vocab,
+        list(SPECIAL) + list(MARKERS),
+        TEMPLATE,
         bos_token="<bos>",
         eos_token="<eos>",
         pad_token="<pad>",
-        unk_token="[UNK]",
         extra_special_tokens={
             "boi_token": "<start_of_image>",
             "image_token": "<image_soft_token>",
             "eoi_token": "<end_of_image>",
         },
     )
-    fast.chat_template = TEMPLATE
-    return fast
 
 
 def images():
@@ -250,27 +258,19 @@ def idefics3_tokenizer():
     vocab = {token: i for i, token in enumerate(I3_SPECIAL)}
     for word in I3_WORDS:
         vocab[word] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(pattern=Regex("\n+"), behavior="isolated"),
-        pre_tokenizers.Split(pattern=" ", behavior="removed"),
-        pre_tokenizers.Punctuation(behavior="isolated"),
-    ])
-    backend.add_special_tokens(I3_SPECIAL)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+    return word_level(
+        vocab,
+        I3_SPECIAL,
+        I3_TEMPLATE,
         bos_token="<|im_start|>",
         eos_token="<end_of_utterance>",
         pad_token="<|endoftext|>",
-        unk_token="[UNK]",
         extra_special_tokens={
             "fake_image_token": "<fake_token_around_image>",
             "image_token": "<image>",
             "global_image_token": "<global-img>",
         },
     )
-    fast.chat_template = I3_TEMPLATE
-    return fast
 
 
 def idefics3():
