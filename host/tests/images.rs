@@ -109,9 +109,9 @@ fn converse_about_an_image(vlm: &str, positions: usize, images: Value) {
         serde_json::from_slice(&with("score", &["--reply", "It is red.", "--json"]).stdout)
             .unwrap();
     assert_eq!(scored["logprobs"].as_array().unwrap().len(), 4, "{scored}");
-    let report = explain_json(
-        &dir.path().join("e.json"),
-        &[
+    // Exact Shapley of the reply, with `extra` flags.
+    let explain = |extra: &[&str]| {
+        let mut args = vec![
             "--config",
             config,
             "--conversation",
@@ -120,8 +120,11 @@ fn converse_about_an_image(vlm: &str, positions: usize, images: Value) {
             "It is red.",
             "--estimator",
             "exact",
-        ],
-    );
+        ];
+        args.extend(extra);
+        explain_json(&dir.path().join("e.json"), &args)
+    };
+    let report = explain(&[]);
     let players = report["players"].as_array().unwrap();
     assert_eq!(players.len(), 2, "{report}");
     assert_eq!(players[1]["text"], "[image 80x60] What is this?");
@@ -130,25 +133,14 @@ fn converse_about_an_image(vlm: &str, positions: usize, images: Value) {
     assert!(gap.abs() < 1e-4 && total.abs() > 0.0, "{report}");
     // The image's 2 x 2 cells as players, painted gray or hidden from attention.
     for absence in ["delete", "hide"] {
-        let report = explain_json(
-            &dir.path().join("cells.json"),
-            &[
-                "--config",
-                config,
-                "--conversation",
-                conversation,
-                "--reply",
-                "It is red.",
-                "--estimator",
-                "exact",
-                "--image-players",
-                "grid",
-                "--grid",
-                "2x2",
-                "--absence",
-                absence,
-            ],
-        );
+        let report = explain(&[
+            "--image-players",
+            "grid",
+            "--grid",
+            "2x2",
+            "--absence",
+            absence,
+        ]);
         let players = report["players"].as_array().unwrap();
         assert_eq!(players.len(), 6, "{absence}: {report}");
         assert_eq!(players[5]["id"], "m1.i0.r3", "{absence}");

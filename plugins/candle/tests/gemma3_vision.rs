@@ -109,11 +109,11 @@ fn generation_after_an_image_starts_with_transformers_greedy_token() {
 fn bad_vision_files_are_named() {
     let vlm = fixture();
     let error = |dir: &tempfile::TempDir| common::vlm::score_error(&vlm, dir.path());
-    let mismatched = vlm.edited(|d| {
-        let config = std::fs::read_to_string(d.join("config.json")).unwrap();
-        let config = config.replace("\"image_token_index\": 62", "\"image_token_index\": 5");
-        std::fs::write(d.join("config.json"), config).unwrap();
-    });
+    let mismatched = vlm.replaced(
+        "config.json",
+        "\"image_token_index\": 62",
+        "\"image_token_index\": 5",
+    );
     let err = error(&mismatched);
     assert!(
         err.contains("`image_token_index` is 5") && err.contains("62"),

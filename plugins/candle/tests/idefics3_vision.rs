@@ -128,13 +128,7 @@ fn tokenize_marks_the_image_run() {
 fn bad_vision_files_are_named() {
     let vlm = fixture();
     let error = |dir: &tempfile::TempDir| common::vlm::score_error(&vlm, dir.path());
-    let edit = |file: &str, from: &str, to: &str| {
-        vlm.edited(|d| {
-            let text = std::fs::read_to_string(d.join(file)).unwrap();
-            assert!(text.contains(from), "{file}: {from}");
-            std::fs::write(d.join(file), text.replace(from, to)).unwrap();
-        })
-    };
+    let edit = |file: &str, from: &str, to: &str| vlm.replaced(file, from, to);
     let err = error(&edit(
         "config.json",
         "\"image_token_id\": 4",

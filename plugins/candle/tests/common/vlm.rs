@@ -139,6 +139,15 @@ impl Vlm {
         edit(copy.path());
         copy
     }
+
+    /// A copy of the fixture with `from` replaced by `to` in `file`, which must hold it.
+    pub fn replaced(&self, file: &str, from: &str, to: &str) -> tempfile::TempDir {
+        self.edited(|d| {
+            let text = std::fs::read_to_string(d.join(file)).unwrap();
+            assert!(text.contains(from), "{file}: {from}");
+            std::fs::write(d.join(file), text.replace(from, to)).unwrap();
+        })
+    }
 }
 
 /// The largest absolute difference between two tensors of one shape.
