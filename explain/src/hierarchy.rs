@@ -117,11 +117,8 @@ fn media_parts(players: &Players, unit: &Unit, floor: Granularity) -> Vec<Unit> 
         return parts(&text, unit, floor);
     }
     let regions = |piece: &Piece| {
-        let (images, part) = (message.parts.iter(), piece.part());
-        let index = images
-            .take(part)
-            .filter(|p| matches!(p, Part::Image { .. }))
-            .count();
+        let part = piece.part();
+        let index = media::image_index(message, part);
         match &message.parts[part] {
             Part::Image { image } => {
                 (media::region_pieces(image, (unit.message, part, index), spec))

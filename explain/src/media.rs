@@ -179,6 +179,13 @@ pub fn whole_images(message: &Message, global: usize) -> Vec<(String, Piece)> {
         .collect()
 }
 
+/// Which of `message`'s images part `part` is: the images before it.
+pub fn image_index(message: &Message, part: usize) -> usize {
+    (message.parts.iter().take(part))
+        .filter(|p| matches!(p, Part::Image { .. }))
+        .count()
+}
+
 /// The regions image `index` of message `message` splits into, checked against its size.
 fn image_regions(
     image: &Image,

@@ -318,13 +318,7 @@ impl Players {
                 }
                 Some(Piece::Region { part, bounds, .. }) => {
                     let message = self.conversation.messages().nth(p.message);
-                    let image = message.map_or(0, |m| {
-                        let before = &m.parts[..*part];
-                        before
-                            .iter()
-                            .filter(|p| matches!(p, Part::Image { .. }))
-                            .count()
-                    });
+                    let image = message.map_or(0, |m| media::image_index(m, *part));
                     parts.of_player.push((texts + parts.boxes.len()) as u32);
                     parts.boxes.push(ImageBox {
                         message: p.message as u32,
