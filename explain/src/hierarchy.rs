@@ -4,16 +4,16 @@
 //!
 //! A message's parts are its sentences (a one-sentence message's: its words); more than
 //! [`FANOUT`] parts are grouped into [`FANOUT`] runs of consecutive ones, which the next level
-//! refines in turn. Where image players are asked for, a message's images are parts of it too,
-//! each whole (`m2.i0`), and an image's parts are its regions (`m2.i0.r5`). Every level is a small game, cheap for any estimator (exact: 16 coalitions
+//! refines in turn. Where image or audio players are asked for, a message's images and clips
+//! are parts of it too, each whole (`m2.i0`, `m2.c0`), and their parts are an image's regions
+//! (`m2.i0.r5`) and a clip's segments (`m2.a3`). Every level is a small game, cheap for any estimator (exact: 16 coalitions
 //! when one player is refined): the refined players' parts are its players, and the rest of
 //! the conversation stays present. So a level's values share out the effect of removing the refined
 //! players together, v(all) − v(all without them), the way its estimand says.
 
-use super::media::{self, ImagePlayers, Piece};
+use super::media::{self, AudioPlayers, ImagePlayers, Piece};
 use super::players::{sentences, words, Players, Unit};
 use super::{Explanation, Granularity};
-use lmhost_plugin_api::Part;
 
 /// The most parts one player is refined into.
 pub const FANOUT: usize = 4;
@@ -98,54 +98,47 @@ pub fn refine(
     ))
 }
 
-/// The parts of `unit` with images in: a whole message's are its text's parts (or its text
-/// whole, where that cannot split) and its images, each whole; a whole image's are its regions
-/// (straight away where the image is its message's only part); a region's none.
+/// The parts of `unit` with media in: a whole message's are its text's parts (or its text
+/// whole, where that cannot split) and its split media, each whole; a whole image's are its
+/// regions and a whole clip's its segments (straight away where it is its message's only
+/// part); a region's or segment's none.
 fn media_parts(players: &Players, unit: &Unit, floor: Granularity) -> Vec<Unit> {
     let text = players.message_text(unit.message);
     let Some(message) = players.conversation().messages().nth(unit.message) else {
         return Vec::new();
     };
-    let as_unit = |(id, piece): (String, Piece)| Unit {
-        message: unit.message,
-        span: 0..0,
-        id,
-        piece: Some(piece),
-    };
     let spec = players.media();
-    if spec.images == ImagePlayers::Whole {
+    if spec.images == ImagePlayers::Whole && spec.audio == AudioPlayers::Whole {
         return parts(&text, unit, floor);
     }
-    let regions = |piece: &Piece| {
-        let part = piece.part();
-        let index = media::image_index(message, part);
-        match &message.parts[part] {
-            Part::Image { image } => {
-                (media::region_pieces(image, (unit.message, part, index), spec))
-                    .map(|pieces| pieces.into_iter().map(as_unit).collect())
-                    .unwrap_or_default()
-            }
-            _ => Vec::new(),
-        }
+    let as_units = |pieces: Vec<(String, Piece)>| -> Vec<Unit> {
+        (pieces.into_iter())
+            .map(|(id, piece)| Unit {
+                message: unit.message,
+                span: 0..0,
+                id,
+                piece: Some(piece),
+            })
+            .collect()
     };
+    let inner = |piece: &Piece| as_units(media::inner_pieces(message, unit.message, piece, spec));
+    let whole_piece = |id: &str| id.contains(".i") && !id.contains(".r") || id.contains(".c");
     match &unit.piece {
-        Some(piece) if !unit.id.contains(".r") => regions(piece),
+        Some(piece) if whole_piece(&unit.id) => inner(piece),
         Some(_) => Vec::new(),
         None if unit.id == format!("m{}", unit.message) => {
-            let images: Vec<Unit> = (media::whole_images(message, unit.message).into_iter())
-                .map(as_unit)
-                .collect();
+            let media = as_units(media::whole_media(message, unit.message, spec));
             let mut found = parts(&text, unit, floor);
-            if found.is_empty() && !text.is_empty() && !images.is_empty() {
-                // Its text cannot split: one part, beside the images.
+            if found.is_empty() && !text.is_empty() && !media.is_empty() {
+                // Its text cannot split: one part, beside the media.
                 found.push(Unit {
                     id: format!("m{}.t", unit.message),
                     ..unit.clone()
                 });
             }
-            match (found.is_empty(), images.as_slice()) {
-                (true, [image]) => regions(image.piece.as_ref().expect("an image's piece")),
-                _ => found.into_iter().chain(images).collect(),
+            match (found.is_empty(), media.as_slice()) {
+                (true, [only]) => inner(only.piece.as_ref().expect("a media unit's piece")),
+                _ => found.into_iter().chain(media).collect(),
             }
         }
         None => parts(&text, unit, floor),

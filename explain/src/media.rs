@@ -159,30 +159,80 @@ pub fn region_pieces(
         .collect())
 }
 
-/// Each image of `message` (number `global`) as one player, `m2.i0`: how `players = "auto"`
-/// refines a message that holds images, before their regions.
-pub fn whole_images(message: &Message, global: usize) -> Vec<(String, Piece)> {
-    (message.parts.iter().enumerate())
-        .filter_map(|(part, content)| match content {
-            Part::Image { image } => Some((part, image)),
-            _ => None,
-        })
-        .enumerate()
-        .map(|(k, (part, image))| {
-            let piece = Piece::Region {
-                part,
-                bounds: [0, 0, image.width, image.height],
-                label: None,
+/// The media of `message` (number `global`) that `spec` splits, each whole, in part order: an
+/// image as `m2.i0` (a region that is all of it), an audio clip as `m2.c0` (a segment that is
+/// all of it). `players = "auto"` refines a message into these, then these into their regions
+/// and segments ([`inner_pieces`]).
+pub fn whole_media(message: &Message, global: usize, spec: &MediaSpec) -> Vec<(String, Piece)> {
+    let (mut images, mut clips) = (0, 0);
+    let mut out = Vec::new();
+    for (part, content) in message.parts.iter().enumerate() {
+        match content {
+            Part::Image { image } if spec.images != ImagePlayers::Whole => {
+                let piece = Piece::Region {
+                    part,
+                    bounds: [0, 0, image.width, image.height],
+                    label: None,
+                };
+                out.push((format!("m{global}.i{images}"), piece));
+                images += 1;
+            }
+            Part::Audio { audio } if spec.audio != AudioPlayers::Whole => {
+                let n = audio.samples.len();
+                let piece = Piece::Segment {
+                    part,
+                    samples: 0..n,
+                    start: 0.0,
+                    end: n as f64 / f64::from(audio.sample_rate.max(1)),
+                };
+                out.push((format!("m{global}.c{clips}"), piece));
+                clips += 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The regions or segments of the media part that `whole` (from [`whole_media`]) covers, with
+/// the ids they have when the message splits straight away.
+pub fn inner_pieces(
+    message: &Message,
+    global: usize,
+    whole: &Piece,
+    spec: &MediaSpec,
+) -> Vec<(String, Piece)> {
+    let part = whole.part();
+    match &message.parts[part] {
+        Part::Image { image } => {
+            let index = image_index(message, part);
+            region_pieces(image, (global, part, index), spec).unwrap_or_default()
+        }
+        Part::Audio { .. } => {
+            let only_audio = MediaSpec {
+                images: ImagePlayers::Whole,
+                ..spec.clone()
             };
-            (format!("m{global}.i{k}"), piece)
-        })
-        .collect()
+            (pieces(message, global, &only_audio).unwrap_or_default())
+                .into_iter()
+                .filter(|(_, piece)| piece.part() == part)
+                .collect()
+        }
+        Part::Text { .. } => Vec::new(),
+    }
 }
 
 /// Which of `message`'s images part `part` is: the images before it.
 pub fn image_index(message: &Message, part: usize) -> usize {
     (message.parts.iter().take(part))
         .filter(|p| matches!(p, Part::Image { .. }))
+        .count()
+}
+
+/// Which audio clip of its message part `part` is (counting the message's audio parts).
+pub fn audio_index(message: &Message, part: usize) -> usize {
+    (message.parts.iter().take(part))
+        .filter(|p| matches!(p, Part::Audio { .. }))
         .count()
 }
 

@@ -5,7 +5,9 @@
 
 use std::ops::Range;
 
-use lmhost_plugin_api::{ConversationSnapshot, Image, ImageBox, Message, Part, Role, TextSpan};
+use lmhost_plugin_api::{
+    AudioSpan, ConversationSnapshot, Hideable, Image, ImageBox, Message, Part, Role, TextSpan,
+};
 use serde::Serialize;
 
 use super::error::ExplainError;
@@ -64,10 +66,35 @@ pub struct MessageLayout {
 /// What `score_hidden` hides of a conversation's players: [`Players::hidden_parts`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HiddenParts {
-    pub spans: Vec<TextSpan>,
-    pub boxes: Vec<ImageBox>,
-    /// Per player, its index among `spans` and then `boxes`.
-    pub of_player: Vec<u32>,
+    pub parts: Hideable,
+    /// Per player, the index of its part in `parts`.
+    of_player: Vec<u32>,
+    /// The audio and images that go with their message's text players (those not split into
+    /// players of their own), as their parts: hidden when every one of those players is
+    /// absent, as a message goes when all its players do.
+    with_players: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+impl HiddenParts {
+    /// The parts hidden in a coalition whose `absent` players these are.
+    pub fn entry(&self, absent: &[u32]) -> Vec<u32> {
+        let mut out: Vec<u32> = absent.iter().map(|&p| self.of_player[p as usize]).collect();
+        for (players, parts) in &self.with_players {
+            if players.iter().all(|p| absent.contains(p)) {
+                out.extend(parts);
+            }
+        }
+        out
+    }
+}
+
+/// A part of [`HiddenParts`] by kind and index within its kind, before the kinds are laid end
+/// to end.
+#[derive(Clone, Copy)]
+enum PartOf {
+    Span(usize),
+    Box(usize),
+    Clip(usize),
 }
 
 /// The players of one conversation, with what is needed to render coalitions of them.
@@ -300,42 +327,76 @@ impl Players {
         &self.players
     }
 
-    /// Where each player lies, as what the plugin API's `score_hidden` hides: text spans and
-    /// image boxes, and per player its index among them (spans first, then boxes). An audio
-    /// segment cannot be hidden: an error names it.
-    pub fn hidden_parts(&self) -> Result<HiddenParts, ExplainError> {
-        let mut parts = HiddenParts::default();
-        let texts = self.players.iter().filter(|p| p.piece.is_none()).count();
-        for p in &self.players {
-            match &p.piece {
+    /// Where each player lies, as what the plugin API's `score_hidden` hides: a text span, an
+    /// image box or a stretch of audio; and the audio and images that go with their message's
+    /// text players, whole.
+    pub fn hidden_parts(&self) -> HiddenParts {
+        let mut parts = Hideable::default();
+        let mut of_player = Vec::with_capacity(self.players.len());
+        let mut groups = Vec::new();
+        let messages: Vec<&Message> = self.conversation.messages().collect();
+        for (i, p) in self.players.iter().enumerate() {
+            let message = p.message as u32;
+            of_player.push(match &p.piece {
                 None => {
-                    parts.of_player.push(parts.spans.len() as u32);
+                    let (start, end) = (p.span.start as u32, p.span.end as u32);
                     parts.spans.push(TextSpan {
-                        message: p.message as u32,
-                        start: p.span.start as u32,
-                        end: p.span.end as u32,
+                        message,
+                        start,
+                        end,
                     });
+                    PartOf::Span(parts.spans.len() - 1)
                 }
                 Some(Piece::Region { part, bounds, .. }) => {
-                    let message = self.conversation.messages().nth(p.message);
-                    let image = message.map_or(0, |m| media::image_index(m, *part));
-                    parts.of_player.push((texts + parts.boxes.len()) as u32);
+                    let image = media::image_index(messages[p.message], *part) as u32;
+                    let bounds = *bounds;
                     parts.boxes.push(ImageBox {
-                        message: p.message as u32,
-                        image: image as u32,
-                        bounds: *bounds,
+                        message,
+                        image,
+                        bounds,
                     });
+                    PartOf::Box(parts.boxes.len() - 1)
                 }
-                Some(Piece::Segment { .. }) => {
-                    return Err(ExplainError::Players(format!(
-                        "{} is an audio segment, which cannot be hidden from attention; \
-                         silence it instead (absence \"delete\" or \"pad\")",
-                        p.id
-                    )))
+                Some(Piece::Segment { part, samples, .. }) => {
+                    parts.clips.push(AudioSpan {
+                        message,
+                        audio: media::audio_index(messages[p.message], *part) as u32,
+                        start: samples.start as u32,
+                        end: samples.end as u32,
+                    });
+                    PartOf::Clip(parts.clips.len() - 1)
+                }
+            });
+            let last_of_message = self
+                .players
+                .get(i + 1)
+                .is_none_or(|q| q.message != p.message);
+            if last_of_message {
+                let mine: Vec<usize> = (0..=i)
+                    .rev()
+                    .take_while(|&k| self.players[k].message == p.message)
+                    .collect();
+                if mine.iter().all(|&k| self.players[k].piece.is_none()) {
+                    let whole = whole_media(messages[p.message], message, &mut parts);
+                    if !whole.is_empty() {
+                        groups.push((mine.iter().map(|&k| k as u32).collect(), whole));
+                    }
                 }
             }
         }
-        Ok(parts)
+        let (spans, boxes) = (parts.spans.len(), parts.boxes.len());
+        let index = |part: PartOf| match part {
+            PartOf::Span(k) => k,
+            PartOf::Box(k) => spans + k,
+            PartOf::Clip(k) => spans + boxes + k,
+        } as u32;
+        HiddenParts {
+            of_player: of_player.into_iter().map(index).collect(),
+            with_players: (groups.into_iter())
+                .map(|(players, whole)| (players, whole.into_iter().map(index).collect()))
+                .collect(),
+            parts,
+        }
     }
 
     pub fn conversation(&self) -> &ConversationSnapshot {
@@ -349,6 +410,41 @@ impl Players {
     pub(crate) fn message_has_players(&self, turn: usize, message: usize) -> bool {
         self.layout(turn, message).is_some()
     }
+}
+
+/// Every image and audio clip of `message` (number `message`) whole, added to `parts`.
+fn whole_media(message: &Message, global: u32, parts: &mut Hideable) -> Vec<PartOf> {
+    let (mut images, mut clips) = (0, 0);
+    let mut out = Vec::new();
+    for part in message.parts.iter() {
+        match part {
+            Part::Image { image } => {
+                if image.width > 0 && image.height > 0 {
+                    parts.boxes.push(ImageBox {
+                        message: global,
+                        image: images,
+                        bounds: [0, 0, image.width, image.height],
+                    });
+                    out.push(PartOf::Box(parts.boxes.len() - 1));
+                }
+                images += 1;
+            }
+            Part::Audio { audio } => {
+                if !audio.samples.is_empty() {
+                    parts.clips.push(AudioSpan {
+                        message: global,
+                        audio: clips,
+                        start: 0,
+                        end: audio.samples.len() as u32,
+                    });
+                    out.push(PartOf::Clip(parts.clips.len() - 1));
+                }
+                clips += 1;
+            }
+            Part::Text { .. } => {}
+        }
+    }
+    out
 }
 
 /// The images of `message` (number `global`) that `players` (its players) cut into regions,

@@ -4,9 +4,9 @@
 use lmhost_plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use lmhost_plugin_api::abi_stable::std_types::{RSlice, RStr, RString, RVec};
 use lmhost_plugin_api::{
-    BackendBox, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    GenerationConfig, GenerationRecord, ImageBox, KvCacheSettings, Message, Part, PluginError,
-    ScoreRecord, TextSpan, TokenDelta, TokenSink, TokenSink_TO, TokenizeRecord,
+    AudioSpan, BackendBox, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
+    GenerationConfig, GenerationRecord, Hideable, ImageBox, KvCacheSettings, Message, Part,
+    PluginError, ScoreRecord, TextSpan, TokenDelta, TokenSink, TokenSink_TO, TokenizeRecord,
 };
 
 use crate::error::{Error, Result};
@@ -110,20 +110,21 @@ impl Backend {
         self.counted(records.into_vec(), snapshots.len(), "score_batch")
     }
 
-    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` and
-    /// image `boxes` it lists hidden from messages `from_message..` and the reply (see the
-    /// plugin API's `score_hidden`). The spans, boxes, indexes and message are checked here, so
-    /// the plugin gets only valid ones.
+    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `parts` it lists
+    /// hidden from messages `from_message..` and the reply (see the plugin API's
+    /// `score_hidden`). The parts, indexes and message are checked here, so the plugin gets
+    /// only valid ones.
     pub fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        (spans, boxes, hidden): (&[TextSpan], &[ImageBox], &[Vec<u32>]),
+        (parts, hidden): (&Hideable, &[Vec<u32>]),
         from_message: u32,
     ) -> Result<Vec<ScoreRecord>> {
         let invalid = |e| self.wrap(PluginError::invalid_input(e));
-        check_spans(snapshot, spans).map_err(invalid)?;
-        check_boxes(snapshot, boxes).map_err(invalid)?;
+        check_spans(snapshot, &parts.spans).map_err(invalid)?;
+        check_boxes(snapshot, &parts.boxes).map_err(invalid)?;
+        check_clips(snapshot, &parts.clips).map_err(invalid)?;
         let messages = snapshot.messages().count();
         if from_message as usize >= messages {
             return Err(self.wrap(PluginError::invalid_input(format!(
@@ -131,12 +132,12 @@ impl Backend {
                  {messages} messages"
             ))));
         }
-        let parts = spans.len() + boxes.len();
-        if let Some(i) = hidden.iter().flatten().find(|&&i| i as usize >= parts) {
+        if let Some(i) = hidden.iter().flatten().find(|&&i| parts.get(i).is_none()) {
             return Err(self.wrap(PluginError::invalid_input(format!(
-                "hidden part {i} is not one of the {} spans and {} boxes given",
-                spans.len(),
-                boxes.len()
+                "hidden part {i} is not one of the {} spans, {} boxes and {} clips given",
+                parts.spans.len(),
+                parts.boxes.len(),
+                parts.clips.len()
             ))));
         }
         let hidden: Vec<RVec<u32>> = hidden.iter().map(|h| RVec::from(h.clone())).collect();
@@ -145,8 +146,7 @@ impl Backend {
             .score_hidden(
                 snapshot,
                 RStr::from_str(reply),
-                spans.into(),
-                boxes.into(),
+                parts,
                 hidden.as_slice().into(),
                 from_message,
             )
@@ -267,32 +267,66 @@ fn check_spans(
     Ok(())
 }
 
+/// Media part number `k` of its kind (as `pick` finds them) in message `message`.
+fn nth_media<'a, T>(
+    messages: &[&'a Message],
+    (message, k): (u32, u32),
+    pick: impl Fn(&'a Part) -> Option<&'a T>,
+) -> Option<&'a T> {
+    let message = messages.get(message as usize)?;
+    message.parts.iter().filter_map(pick).nth(k as usize)
+}
+
 fn check_boxes(
     snapshot: &ConversationSnapshot,
     boxes: &[ImageBox],
 ) -> std::result::Result<(), String> {
     let messages: Vec<&Message> = snapshot.messages().collect();
     for (i, found) in boxes.iter().enumerate() {
-        let image = (messages.get(found.message as usize))
-            .and_then(|m| {
-                let mut images = m.parts.iter().filter_map(|p| match p {
-                    Part::Image { image } => Some(image),
-                    _ => None,
-                });
-                images.nth(found.image as usize)
-            })
-            .ok_or_else(|| {
-                format!(
-                    "box {i} is in image {} of message {}, which the conversation does not have",
-                    found.image, found.message
-                )
-            })?;
+        let image = nth_media(&messages, (found.message, found.image), |p| match p {
+            Part::Image { image } => Some(image),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            format!(
+                "box {i} is in image {} of message {}, which the conversation does not have",
+                found.image, found.message
+            )
+        })?;
         let [x0, y0, x1, y1] = found.bounds;
         if x0 >= x1 || y0 >= y1 || x1 > image.width || y1 > image.height {
             return Err(format!(
                 "box {i} [{x0}, {y0}, {x1}, {y1}] is not a box of positive area inside its \
                  {}x{} image",
                 image.width, image.height
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_clips(
+    snapshot: &ConversationSnapshot,
+    clips: &[AudioSpan],
+) -> std::result::Result<(), String> {
+    let messages: Vec<&Message> = snapshot.messages().collect();
+    for (i, clip) in clips.iter().enumerate() {
+        let audio = nth_media(&messages, (clip.message, clip.audio), |p| match p {
+            Part::Audio { audio } => Some(audio),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            format!(
+                "clip {i} is in audio {} of message {}, which the conversation does not have",
+                clip.audio, clip.message
+            )
+        })?;
+        if clip.start >= clip.end || clip.end as usize > audio.samples.len() {
+            return Err(format!(
+                "clip {i} ({}..{}) is not a non-empty range of its audio's {} samples",
+                clip.start,
+                clip.end,
+                audio.samples.len()
             ));
         }
     }

@@ -261,22 +261,6 @@ impl ExplanationConfig {
                 self.audio_window
             ));
         }
-        if self.audio_players != AudioPlayers::Whole && self.absence == AbsenceKind::Hide {
-            return Err(
-                "[explanation] `absence = \"hide\"` does not take audio players (a segment's \
-                 encoder positions cannot be hidden yet); absent segments are silenced with \
-                 `absence = \"delete\"` or \"pad\""
-                    .into(),
-            );
-        }
-        if self.audio_players != AudioPlayers::Whole && self.players == Granularity::Auto {
-            return Err(
-                "[explanation] audio players are not refined by `players = \"auto\"` yet \
-                 (images are: a message, then its images, then their regions); choose \
-                 \"messages\", \"sentences\" or \"words\" with them"
-                    .into(),
-            );
-        }
         Ok(())
     }
 

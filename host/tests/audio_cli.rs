@@ -1,5 +1,5 @@
-//! `lmhost generate` on the README's audio example: Whisper tiny.en through the candle plugin
-//! library, found beside the executable as a user runs it.
+//! `lmhost generate` and `explain` on the README's audio example: Whisper tiny.en through the
+//! candle plugin library, found beside the executable as a user runs it.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -62,5 +62,63 @@ fn a_text_only_conversation_to_whisper_says_it_needs_audio() {
     assert!(
         stderr.contains("invalid_input") && stderr.contains("needs an audio part"),
         "{stderr}"
+    );
+}
+
+/// One-second windows of the spoken sentence hidden from Whisper's cross-attention: every
+/// window of speech helps the true transcript, and the exact values add up to what hearing
+/// nothing costs it.
+#[test]
+fn explain_hides_audio_windows_from_whisper() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("e.json");
+    let output = lmhost(&[
+        "-q",
+        "explain",
+        "--config",
+        "configs/whisper.toml",
+        "--conversation",
+        "examples/audio.json",
+        "--reply",
+        SPOKEN,
+        "--audio-players",
+        "windows",
+        "--audio-window",
+        "1",
+        "--absence",
+        "hide",
+        "--estimator",
+        "exact",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let players = report["players"].as_array().unwrap();
+    assert_eq!(players.len(), 5, "4.8 s in 1 s windows: {report}");
+    assert_eq!(
+        (players[4]["id"].as_str(), players[4]["start"].as_f64()),
+        (Some("m0.a4"), Some(4.0))
+    );
+    let values: Vec<f64> = players
+        .iter()
+        .map(|p| p["value"].as_f64().unwrap())
+        .collect();
+    assert!(values.iter().all(|&v| v > 1.0), "{values:?}");
+    let (all, none) = (
+        report["v_all"].as_f64().unwrap(),
+        report["v_none"].as_f64().unwrap(),
+    );
+    assert!(none < all - 20.0, "hearing nothing: {none} vs {all}");
+    let total: f64 = values.iter().sum();
+    assert!(
+        (total - (all - none)).abs() < 1e-6,
+        "{total} vs {}",
+        all - none
     );
 }

@@ -137,33 +137,80 @@ fn the_planted_region_ranks_first_with_every_estimator_and_absence() {
     }
 }
 
-/// With `players = "auto"`, the message is refined into its words and its image, and the
-/// image, ranked first, into its regions: the red square's cell ranks first there.
+/// With `players = "auto"`, the message is refined into its words and its image (or clip),
+/// and that, ranked first, into its regions (or segments): the red square's cell, or the loud
+/// burst's window, ranks first there.
 #[test]
-fn auto_refines_a_message_into_its_image_and_the_image_into_its_regions() {
-    let conversation = conversation(Part::Image { image: picture() }, "What colour is the ball?");
-    let outcome = explain(&conversation, "red", |e| {
-        e.players = Granularity::Auto;
-        e.image_players = ImagePlayers::Grid;
-        e.estimator = EstimatorKind::Kernel;
-    });
-    let levels = &outcome.refinements;
-    assert_eq!(
-        levels.len(),
-        2,
-        "message, then its parts, then the image's regions"
-    );
-    let top = |e: &lmhost::explain::Explanation| {
-        let first = e.attributions.iter().find(|a| a.rank == 1).unwrap();
-        first.player.id.clone()
-    };
-    let parts: Vec<&str> = (levels[0].players.players().iter())
-        .map(|p| p.id.as_str())
-        .collect();
-    assert_eq!(parts.last(), Some(&"m0.i0"), "{parts:?}");
-    assert_eq!(top(&levels[0].explanation), "m0.i0");
-    assert_eq!(levels[1].players.len(), 16);
-    assert_eq!(top(&levels[1].explanation), "m0.i0.r6");
+fn auto_refines_a_message_into_its_media_and_those_into_regions_and_segments() {
+    let cases = [
+        (
+            Part::Image { image: picture() },
+            "red",
+            "m0.i0",
+            16,
+            "m0.i0.r6",
+        ),
+        (
+            Part::Audio { audio: recording() },
+            "loud",
+            "m0.c0",
+            4,
+            "m0.a2",
+        ),
+    ];
+    for (part, reply, whole, inner, expected) in cases {
+        let conversation = conversation(part, "What is it like?");
+        let outcome = explain(&conversation, reply, |e| {
+            e.players = Granularity::Auto;
+            e.image_players = ImagePlayers::Grid;
+            (e.audio_players, e.audio_window) = (AudioPlayers::Windows, 0.5);
+            e.estimator = EstimatorKind::Kernel;
+        });
+        let levels = &outcome.refinements;
+        assert_eq!(levels.len(), 2, "message, then its parts, then {whole}'s");
+        let top = |e: &lmhost::explain::Explanation| {
+            let first = e.attributions.iter().find(|a| a.rank == 1).unwrap();
+            first.player.id.clone()
+        };
+        let parts: Vec<&str> = (levels[0].players.players().iter())
+            .map(|p| p.id.as_str())
+            .collect();
+        assert_eq!(parts.last(), Some(&whole), "{parts:?}");
+        assert_eq!(top(&levels[0].explanation), whole);
+        assert_eq!(levels[1].players.len(), inner);
+        assert_eq!(top(&levels[1].explanation), expected);
+    }
+}
+
+/// Under `hide`, an image or a clip that is not split goes with its message's players, as it
+/// does when absent players are deleted: a message of a picture alone (or a recording alone)
+/// carries the answer.
+#[test]
+fn whole_media_is_hidden_with_its_message() {
+    let cases = [
+        (Part::Image { image: picture() }, "red"),
+        (Part::Audio { audio: recording() }, "loud"),
+    ];
+    for (part, reply) in cases {
+        let media = Message {
+            role: Role::User,
+            parts: vec![part].into(),
+        };
+        let question = Message::text(Role::User, "What is it like?");
+        let conversation = ConversationSnapshot::new(vec![Turn {
+            messages: vec![media, question].into(),
+        }])
+        .unwrap();
+        for absence in [AbsenceKind::Delete, AbsenceKind::Hide] {
+            let outcome = explain(&conversation, reply, |e| {
+                e.absence = absence;
+                e.estimator = EstimatorKind::Exact;
+            });
+            let (id, value) = top(&outcome);
+            assert_eq!(id, "m0", "{reply}, {absence}");
+            assert!(value > 0.5, "{reply}, {absence}: {value}");
+        }
+    }
 }
 
 /// Regions given with the conversation are the players, with their labels: the ball's box
@@ -201,22 +248,24 @@ fn given_regions_are_players_with_their_labels() {
 #[test]
 fn the_loud_segment_ranks_first_in_windows_and_between_pauses() {
     let conversation = conversation(Part::Audio { audio: recording() }, "How does it sound?");
-    let outcome = explain(&conversation, "loud", |e| {
-        e.audio_players = AudioPlayers::Windows;
-        e.audio_window = 0.5;
-        e.estimator = EstimatorKind::Exact;
-    });
-    assert_eq!(outcome.explanation.attributions.len(), 5);
-    assert_eq!(top(&outcome).0, "m0.a2");
-    let outcome = explain(&conversation, "loud", |e| {
-        e.audio_players = AudioPlayers::Pauses;
-        e.estimator = EstimatorKind::Exact;
-    });
-    let segments: Vec<&str> = (outcome.explanation.attributions.iter())
-        .map(|a| a.player.text.as_str())
-        .collect();
-    assert_eq!(segments.len(), 3, "{segments:?}");
-    assert_eq!(top(&outcome).0, "m0.a1", "{segments:?}");
+    for absence in [AbsenceKind::Delete, AbsenceKind::Hide] {
+        let outcome = explain(&conversation, "loud", |e| {
+            e.audio_players = AudioPlayers::Windows;
+            e.audio_window = 0.5;
+            (e.estimator, e.absence) = (EstimatorKind::Exact, absence);
+        });
+        assert_eq!(outcome.explanation.attributions.len(), 5);
+        assert_eq!(top(&outcome).0, "m0.a2", "{absence}");
+        let outcome = explain(&conversation, "loud", |e| {
+            e.audio_players = AudioPlayers::Pauses;
+            (e.estimator, e.absence) = (EstimatorKind::Exact, absence);
+        });
+        let segments: Vec<&str> = (outcome.explanation.attributions.iter())
+            .map(|a| a.player.text.as_str())
+            .collect();
+        assert_eq!(segments.len(), 3, "{segments:?}");
+        assert_eq!(top(&outcome).0, "m0.a1", "{absence}: {segments:?}");
+    }
 }
 
 /// Through the CLI: regions from the conversation file, their ids, labels and boxes in the
@@ -269,14 +318,6 @@ fn the_cli_reads_regions_and_names_bad_settings() {
     );
     assert_eq!(ball["rank"], 1, "{report}");
     for (extra, expected) in [
-        (
-            &["--audio-players", "pauses", "--absence", "hide"][..],
-            "does not take audio players",
-        ),
-        (
-            &["--players", "auto", "--audio-players", "windows"][..],
-            "audio players are not refined by `players = \"auto\"`",
-        ),
         (&["--grid", "0x4"][..], "`grid` must be"),
         (
             &["--audio-window", "0.001"][..],

@@ -15,7 +15,7 @@ use crate::error::PluginError;
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, ImageBox, KvCacheSettings, ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
+    GenerationRecord, Hideable, KvCacheSettings, ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 /// Where a streaming generation hands its tokens, as they come. Its answer says whether to go
@@ -135,26 +135,25 @@ pub trait GenerationBackend: Send + Sync {
         RResult::ROk(records)
     }
 
-    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `spans` and
-    /// image `boxes` it lists (indexes into `spans`, then into `boxes` from `spans.len()` on)
-    /// hidden: the tokens of messages `from_message..` and of the reply attend to no token that
-    /// overlaps a hidden span or covers a hidden box, and every token keeps its position. The tokens before message `from_message` are computed once, seeing
-    /// everything, so each entry costs only the rows from there on (explain's `hide`
-    /// absence: an approximation of deleting the text, since the messages before still saw
-    /// it). Fails whole, naming the entry. The default (and what a plugin built before this
-    /// method gets) refuses.
+    /// `score` of `reply` after `snapshot` once per entry of `hidden`, with the `parts` it lists
+    /// (indexes into [`Hideable`]) hidden: the tokens of messages `from_message..` and of the
+    /// reply attend to no token that overlaps a hidden text span, covers a hidden image box or
+    /// encodes a hidden stretch of audio, and every token keeps its position. The tokens before
+    /// message `from_message` are computed once, seeing everything, so each entry costs only
+    /// the rows from there on (explain's `hide` absence: an approximation of deleting the
+    /// part, since the messages before still saw it). Fails whole, naming the entry. The
+    /// default (and what a plugin built before this method gets) refuses.
     fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: RStr<'_>,
-        spans: RSlice<'_, TextSpan>,
-        boxes: RSlice<'_, ImageBox>,
+        parts: &Hideable,
         hidden: RSlice<'_, RVec<u32>>,
         from_message: u32,
     ) -> RResult<RVec<ScoreRecord>, PluginError> {
-        let _ = (snapshot, reply, spans, boxes, hidden, from_message);
+        let _ = (snapshot, reply, parts, hidden, from_message);
         RResult::RErr(PluginError::unsupported(
-            "this backend cannot hide text from a reply's attention (score_hidden)",
+            "this backend cannot hide parts of a prompt from a reply's attention (score_hidden)",
         ))
     }
 

@@ -18,7 +18,7 @@ use crate::identity::{PluginIdentity, RawStr, IDENTITY_MAGIC};
 use crate::options::OptionSpec;
 use crate::types::{
     BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, ImageBox, KvCacheSettings, ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
+    GenerationRecord, Hideable, KvCacheSettings, ScoreRecord, TokenDelta, TokenizeRecord,
 };
 
 /// A generation backend, written with std types. Methods take `&self`: a backend that holds a
@@ -131,12 +131,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
         &self,
         _snapshot: &ConversationSnapshot,
         _reply: &str,
-        _parts: (&[TextSpan], &[ImageBox]),
+        _parts: &Hideable,
         _hidden: &[Vec<u32>],
         _from_message: u32,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
         Err(PluginError::unsupported(format!(
-            "backend `{}` cannot hide text from a reply's attention (score_hidden)",
+            "backend `{}` cannot hide parts of a prompt from a reply's attention (score_hidden)",
             Self::NAME
         )))
     }
@@ -305,14 +305,12 @@ impl<B: Backend> GenerationBackend for Guarded<B> {
         &self,
         snapshot: &ConversationSnapshot,
         reply: RStr<'_>,
-        spans: RSlice<'_, TextSpan>,
-        boxes: RSlice<'_, ImageBox>,
+        parts: &Hideable,
         hidden: RSlice<'_, RVec<u32>>,
         from_message: u32,
     ) -> RResult<RVec<ScoreRecord>, PluginError> {
         guard(B::NAME, || {
             let hidden: Vec<Vec<u32>> = hidden.iter().map(|h| h.to_vec()).collect();
-            let parts = (spans.as_slice(), boxes.as_slice());
             self.0
                 .score_hidden(snapshot, reply.as_str(), parts, &hidden, from_message)
                 .map(RVec::from)

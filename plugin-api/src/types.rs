@@ -464,6 +464,80 @@ pub struct ImageBox {
     pub bounds: [u32; 4],
 }
 
+/// A stretch `start..end` of one audio clip's samples, at the clip's own sample rate: clip
+/// `audio` counts the audio parts of message `message` (counted across turns, as
+/// [`TextSpan`]'s) in order. `score_hidden` hides what the model heard of it.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AudioSpan {
+    pub message: u32,
+    pub audio: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+/// What the entries of a `score_hidden` call choose from, by one index: the text `spans`
+/// first, then the image `boxes`, then the audio `clips`.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hideable {
+    pub spans: RVec<TextSpan>,
+    pub boxes: RVec<ImageBox>,
+    pub clips: RVec<AudioSpan>,
+}
+
+/// One of a [`Hideable`]'s parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HiddenPart<'a> {
+    Span(&'a TextSpan),
+    Box(&'a ImageBox),
+    Clip(&'a AudioSpan),
+}
+
+/// The parts one `score_hidden` entry hides, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hidden<'a> {
+    pub spans: Vec<&'a TextSpan>,
+    pub boxes: Vec<&'a ImageBox>,
+    pub clips: Vec<&'a AudioSpan>,
+}
+
+impl Hideable {
+    pub fn len(&self) -> usize {
+        self.spans.len() + self.boxes.len() + self.clips.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The part with index `i` (spans, then boxes, then clips), if there is one.
+    pub fn get(&self, i: u32) -> Option<HiddenPart<'_>> {
+        let i = i as usize;
+        let (spans, boxes) = (self.spans.len(), self.boxes.len());
+        if i < spans {
+            Some(HiddenPart::Span(&self.spans[i]))
+        } else if i < spans + boxes {
+            Some(HiddenPart::Box(&self.boxes[i - spans]))
+        } else {
+            self.clips.get(i - spans - boxes).map(HiddenPart::Clip)
+        }
+    }
+
+    /// The parts `entry` lists, by kind (an index past the last part is skipped).
+    pub fn hidden(&self, entry: &[u32]) -> Hidden<'_> {
+        let mut out = Hidden::default();
+        for part in entry.iter().filter_map(|&i| self.get(i)) {
+            match part {
+                HiddenPart::Span(s) => out.spans.push(s),
+                HiddenPart::Box(b) => out.boxes.push(b),
+                HiddenPart::Clip(c) => out.clips.push(c),
+            }
+        }
+        out
+    }
+}
+
 /// What `score` returns: the teacher-forced log-probabilities of a given reply.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,8 +5,8 @@
 use std::ops::Range;
 
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, Image, ImageBox, Part,
-    PluginError, TextSpan, TokenDelta, TokenizeRecord,
+    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, Hideable, Image,
+    ImageBox, Part, PluginError, TokenDelta, TokenizeRecord,
 };
 
 use crate::gguf::Metadata;
@@ -101,11 +101,10 @@ impl Sampled {
     }
 }
 
-/// What a `score_hidden` call hides: `spans` of text and `boxes` of images, which each entry
-/// of `hidden` lists by index (spans first, then boxes), from message `from_message` on.
+/// What a `score_hidden` call hides: the `parts` that each entry of `hidden` lists by index,
+/// from message `from_message` on.
 pub struct Hiding<'a> {
-    pub spans: &'a [TextSpan],
-    pub boxes: &'a [ImageBox],
+    pub parts: &'a Hideable,
     pub hidden: &'a [Vec<u32>],
     pub from_message: u32,
 }
@@ -392,9 +391,13 @@ impl TextFrontEnd {
                 self.max_context
             )));
         }
-        let in_prompt = hiding
-            .spans
-            .iter()
+        if !hiding.parts.clips.is_empty() {
+            return Err(PluginError::unsupported(format!(
+                "model `{}` hears no audio, so it cannot hide parts of a clip",
+                self.model_id
+            )));
+        }
+        let in_prompt = (hiding.parts.spans.iter())
             .map(|s| {
                 let at = starts.get(s.message as usize).ok_or_else(|| {
                     PluginError::invalid_input(format!(
@@ -405,7 +408,7 @@ impl TextFrontEnd {
                 Ok(at + s.start as usize..at + s.end as usize)
             })
             .collect::<Result<Vec<Range<usize>>, PluginError>>()?;
-        let covered = self.covered_placeholders(snapshot, hiding.boxes, &images, &placed)?;
+        let covered = self.covered_placeholders(snapshot, &hiding.parts.boxes, &images, &placed)?;
         let boundary = starts
             .get(hiding.from_message as usize)
             .copied()

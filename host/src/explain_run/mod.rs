@@ -260,7 +260,7 @@ impl Evaluator<'_> {
             AbsenceKind::Hide => Some(HidingModel {
                 backend: self.model.backend,
                 conversation: job.players().conversation(),
-                parts: job.players().hidden_parts()?,
+                parts: job.players().hidden_parts(),
                 absent: keys.iter().cloned().zip(job.absent()).collect(),
             }),
             _ => None,

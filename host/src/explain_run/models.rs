@@ -108,16 +108,12 @@ impl Model for HidingModel<'_> {
                     .absent
                     .get(&prompt_key(p))
                     .ok_or_else(|| "a prompt that is no coalition of this level".to_string())?;
-                Ok(absent
-                    .iter()
-                    .map(|&i| self.parts.of_player[i as usize])
-                    .collect())
+                Ok(self.parts.entry(absent))
             })
             .collect::<std::result::Result<Vec<Vec<u32>>, String>>()?;
         let last = self.conversation.messages().count().saturating_sub(1) as u32;
-        let parts = (&self.parts.spans[..], &self.parts.boxes[..], &hidden[..]);
         self.backend
-            .score_hidden(self.conversation, reply, parts, last)
+            .score_hidden(self.conversation, reply, (&self.parts.parts, &hidden), last)
             .map_err(|e| e.to_string())
     }
 }

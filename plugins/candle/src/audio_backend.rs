@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use candle_core::{DType, Tensor};
 use lmhost_plugin_api::abi_stable::std_types::{ROption, RString, RVec};
 use lmhost_plugin_api::{
-    lock_or_reset, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord, Part,
-    PluginError, ScoreRecord,
+    lock_or_reset, AudioSpan, Capabilities, ConversationSnapshot, GenerationConfig,
+    GenerationRecord, Hideable, Part, PluginError, ScoreRecord,
 };
 use serde_json::{Map, Value};
 
@@ -29,6 +29,8 @@ use crate::processor::WhisperProcessor;
 const ENCODER_CACHE_ENTRIES: usize = 4;
 /// Identifies an audio: a hash of its 16 kHz samples and their count.
 type AudioKey = (u64, usize);
+/// Where a context token's text comes from: `(message, byte of its text_content)` per byte.
+type Origin = Vec<(u32, usize)>;
 /// A static and a contextual embedding.
 type Embeddings = (ROption<RVec<f32>>, ROption<RVec<f32>>);
 
@@ -84,6 +86,46 @@ pub struct AudioBackend {
 struct Prompt {
     samples: Vec<f32>,
     previous: Vec<u32>,
+    /// Where each audio part lies in `samples`, in conversation order.
+    clips: Vec<Clip>,
+    /// Per token of `previous`, the bytes of message text it spells, as `(message, byte of its
+    /// text_content)`.
+    origins: Vec<Origin>,
+}
+
+/// Audio part `audio` of message `message`, at `rate` Hz, starting at 16 kHz sample `start`
+/// of the prompt's audio and `len` samples long there.
+struct Clip {
+    message: u32,
+    audio: u32,
+    rate: u32,
+    start: usize,
+    len: usize,
+}
+
+/// The text parts joined as the decoder's context (each trimmed, each after a space), and where
+/// each of its bytes comes from: `(message, byte of its text_content)`, `None` for a space.
+#[derive(Default)]
+struct Context {
+    text: String,
+    origin: Vec<Option<(u32, usize)>>,
+}
+
+impl Context {
+    /// Adds the text part `text` of message `message`, which starts at byte `at` of the
+    /// message's text_content.
+    fn push(&mut self, message: u32, at: usize, text: &str) {
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            return;
+        }
+        let lead = text.len() - text.trim_start().len();
+        self.text.push(' ');
+        self.origin.push(None);
+        self.text.push_str(trimmed);
+        self.origin
+            .extend((0..trimmed.len()).map(|k| Some((message, at + lead + k))));
+    }
 }
 
 impl AudioBackend {
@@ -141,16 +183,29 @@ impl AudioBackend {
     /// Every audio part, in order, resampled and joined; the text parts tokenised as context.
     fn prompt(&self, snapshot: &ConversationSnapshot) -> Result<Prompt, PluginError> {
         let mut samples = Vec::new();
-        let mut texts = Vec::new();
+        let mut clips = Vec::new();
+        let mut context = Context::default();
         for (m, message) in snapshot.messages().enumerate() {
+            let (mut at, mut audios) = (0, 0);
             for (p, part) in message.parts.iter().enumerate() {
                 match part {
                     Part::Audio { audio } => {
                         let what = format!("message {}, part {} (audio)", m + 1, p + 1);
-                        samples.extend(self.processor.prepare(audio, &what)?);
+                        let prepared = self.processor.prepare(audio, &what)?;
+                        clips.push(Clip {
+                            message: m as u32,
+                            audio: audios,
+                            rate: audio.sample_rate,
+                            start: samples.len(),
+                            len: prepared.len(),
+                        });
+                        samples.extend(prepared);
+                        audios += 1;
                     }
-                    Part::Text { text } if !text.trim().is_empty() => texts.push(text.trim()),
-                    Part::Text { .. } => {}
+                    Part::Text { text } => {
+                        context.push(m as u32, at, text);
+                        at += text.len();
+                    }
                     Part::Image { .. } => {
                         return Err(PluginError::invalid_input(format!(
                             "message {}, part {} is an image; model `{}` is a speech-to-text \
@@ -179,23 +234,38 @@ impl AudioBackend {
                 self.model_id
             )));
         }
-        let previous = self.previous_text(&texts.join(" "))?;
-        Ok(Prompt { samples, previous })
+        let (previous, origins) = self.previous_text(&context)?;
+        Ok(Prompt {
+            samples,
+            previous,
+            clips,
+            origins,
+        })
     }
 
-    /// Tokens of the context text, keeping the last half-context as Whisper does.
-    fn previous_text(&self, text: &str) -> Result<Vec<u32>, PluginError> {
-        if text.is_empty() {
-            return Ok(Vec::new());
+    /// Tokens of the context text, keeping the last half-context as Whisper does, each with
+    /// the message bytes it spells.
+    fn previous_text(&self, context: &Context) -> Result<(Vec<u32>, Vec<Origin>), PluginError> {
+        if context.text.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
         }
-        let encoding = self
-            .loaded
-            .tokenizer
-            .encode(format!(" {text}"), false)
+        let encoding = (self.loaded.tokenizer)
+            .encode(context.text.as_str(), false)
             .map_err(|e| PluginError::invalid_input(format!("cannot tokenize text parts: {e}")))?;
-        let ids = encoding.get_ids();
         let keep = self.loaded.model.config.max_target_positions / 2 - 1;
-        Ok(ids[ids.len().saturating_sub(keep)..].to_vec())
+        let from = encoding.get_ids().len().saturating_sub(keep);
+        let origins = (encoding.get_offsets()[from..].iter())
+            .map(|&(a, b)| {
+                let bytes = context.origin.get(a..b.min(context.origin.len()));
+                bytes
+                    .unwrap_or_default()
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        Ok((encoding.get_ids()[from..].to_vec(), origins))
     }
 
     /// The encoded windows of `samples`, from the cache when this audio was seen.
@@ -294,7 +364,7 @@ impl AudioBackend {
         let mut hidden = Vec::new();
         for (cross, ids) in windows.iter().zip(per_window) {
             if !ids.is_empty() {
-                let (h, _) = model.force(cross, &self.loaded.tokens, previous, ids)?;
+                let (h, _) = model.force((cross, &self.loaded.tokens), previous, ids, &[])?;
                 hidden.push(h.squeeze(0)?);
             }
         }
@@ -308,6 +378,60 @@ impl AudioBackend {
         snapshot: &ConversationSnapshot,
         reply: &str,
     ) -> Result<ScoreRecord, PluginError> {
+        let (prompt, ids, cross) = self.forced(snapshot, reply)?;
+        self.scored(&prompt, ids, &cross, &[])
+    }
+
+    /// [`Self::score`] once per entry of `hidden`, with the `parts` it lists hidden: no decoder
+    /// token attends to a context token that spells hidden text, and none cross-attends to an
+    /// encoder position (20 ms) that overlaps a hidden stretch of audio. The audio is encoded
+    /// once; each entry runs the decoder over the prompt and the reply.
+    pub fn score_hidden(
+        &mut self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+        parts: &Hideable,
+        hidden: &[Vec<u32>],
+    ) -> Result<Vec<ScoreRecord>, PluginError> {
+        let (prompt, ids, cross) = self.forced(snapshot, reply)?;
+        let positions = cross.positions().map_err(|e| self.internal(e))?;
+        hidden
+            .iter()
+            .map(|entry| {
+                let hidden = parts.hidden(entry);
+                if !hidden.boxes.is_empty() {
+                    return Err(PluginError::invalid_input(format!(
+                        "model `{}` is a speech-to-text model and sees no images to hide",
+                        self.model_id
+                    )));
+                }
+                let heard = encoder_positions(&prompt.clips, &hidden.clips, positions);
+                let cross = match heard.iter().any(|&h| h) {
+                    true => cross.hiding(&heard).map_err(|e| self.internal(e))?,
+                    false => cross.clone(),
+                };
+                // `<|startofprev|>` is position 0; the context's tokens follow it.
+                let read = (prompt.origins.iter().enumerate())
+                    .filter(|(_, bytes)| {
+                        bytes.iter().any(|&(m, b)| {
+                            (hidden.spans.iter()).any(|s| {
+                                s.message == m && (s.start as usize) <= b && b < s.end as usize
+                            })
+                        })
+                    })
+                    .map(|(i, _)| i + 1)
+                    .collect::<Vec<usize>>();
+                self.scored(&prompt, ids.clone(), &cross, &read)
+            })
+            .collect()
+    }
+
+    /// The prompt, the reply's ids and the audio's encoded window, for scoring `reply`.
+    fn forced(
+        &mut self,
+        snapshot: &ConversationSnapshot,
+        reply: &str,
+    ) -> Result<(Prompt, Vec<u32>, CrossKv), PluginError> {
         let prompt = self.prompt(snapshot)?;
         if prompt.samples.len() > WhisperProcessor::WINDOW_SAMPLES {
             return Err(PluginError::invalid_input(format!(
@@ -333,16 +457,51 @@ impl AudioBackend {
         let Some(cross) = windows.first() else {
             return Err(PluginError::internal("the audio produced no window"));
         };
-        let (_, logprobs) = self
-            .loaded
-            .model
-            .force(cross, &self.loaded.tokens, &prompt.previous, &ids)
+        Ok((prompt, ids, cross.clone()))
+    }
+
+    /// The logprobs of `ids` after `prompt` over `cross`, the context's tokens at positions
+    /// `hidden` unseen.
+    fn scored(
+        &self,
+        prompt: &Prompt,
+        ids: Vec<u32>,
+        cross: &CrossKv,
+        hidden: &[usize],
+    ) -> Result<ScoreRecord, PluginError> {
+        let tokens = &self.loaded.tokens;
+        let (_, logprobs) = (self.loaded.model)
+            .force((cross, tokens), &prompt.previous, &ids, hidden)
             .map_err(|e| PluginError::invalid_input(format!("cannot score the reply: {e}")))?;
         Ok(ScoreRecord {
-            prompt_tokens: self.loaded.tokens.prompt(&prompt.previous).len() as u32,
+            prompt_tokens: tokens.prompt(&prompt.previous).len() as u32,
             token_ids: RVec::from(ids),
             logprobs: RVec::from(logprobs),
             cached_prompt_tokens: 0,
         })
     }
+}
+
+/// Which of a window's `positions` encoder positions (20 ms of 16 kHz audio each) overlap one
+/// of the `hidden` stretches of the prompt's `clips`.
+fn encoder_positions(clips: &[Clip], hidden: &[&AudioSpan], positions: usize) -> Vec<bool> {
+    let per_position = WhisperProcessor::HOP * 2;
+    let to_16k = |sample: u32, rate: u32, up: bool| {
+        let exact = f64::from(sample) * f64::from(WhisperProcessor::SAMPLE_RATE) / f64::from(rate);
+        (if up { exact.ceil() } else { exact.floor() }) as usize
+    };
+    let mut out = vec![false; positions];
+    for span in hidden {
+        let found = clips
+            .iter()
+            .find(|c| c.message == span.message && c.audio == span.audio);
+        let Some(clip) = found.filter(|c| c.rate > 0) else {
+            continue;
+        };
+        let a = clip.start + to_16k(span.start, clip.rate, false).min(clip.len);
+        let b = clip.start + to_16k(span.end, clip.rate, true).min(clip.len);
+        let covered = a / per_position..b.div_ceil(per_position).min(positions);
+        out[covered].iter_mut().for_each(|h| *h = true);
+    }
+    out
 }

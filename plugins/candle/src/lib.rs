@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use lmhost_plugin_api::{
     Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord, GenerationConfig,
-    GenerationRecord, ImageBox, KvCacheSettings, OptionSpec, PluginContext, PluginError,
-    ScoreRecord, TextSpan, TokenDelta, TokenizeRecord,
+    GenerationRecord, Hideable, KvCacheSettings, OptionSpec, PluginContext, PluginError,
+    ScoreRecord, TokenDelta, TokenizeRecord,
 };
 use lmhost_plugin_kit::text::Hiding;
 
@@ -187,22 +187,29 @@ impl Backend for Candle {
         Ok(self.scores_counted(records))
     }
 
+    /// A text model hides text and image tokens from the rows after `from_message`; a speech
+    /// model hides text from its decoder prompt and audio from its cross-attention, every
+    /// decoder row computed again (the encoder output is cached).
     fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        (spans, boxes): (&[TextSpan], &[ImageBox]),
+        parts: &Hideable,
         hidden: &[Vec<u32>],
         from_message: u32,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let text = self.text("score_hidden")?;
         let hiding = Hiding {
-            spans,
-            boxes,
+            parts,
             hidden,
             from_message,
         };
-        let records = text.score_hidden(snapshot, reply, &hiding, &self.pool)?;
+        let records = match &self.model {
+            Model::Text(text) => text.score_hidden(snapshot, reply, &hiding, &self.pool)?,
+            Model::Speech(speech) => speech.with(|audio| {
+                self.pool
+                    .install(|| audio.score_hidden(snapshot, reply, parts, hidden))
+            })?,
+        };
         Ok(self.scores_counted(records))
     }
 

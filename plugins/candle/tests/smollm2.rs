@@ -11,7 +11,8 @@ use lmhost_candle::models::Logits;
 use lmhost_candle::Candle;
 use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{
-    Backend, ConversationSnapshot, GenerationConfig, Message, PluginContext, Role, TextSpan, Turn,
+    Backend, ConversationSnapshot, GenerationConfig, Hideable, Message, PluginContext, Role,
+    TextSpan, Turn,
 };
 use lmhost_plugin_kit::text::Hiding;
 
@@ -470,14 +471,14 @@ fn generate_batch_decodes_together_and_matches_one_at_a_time() {
 
 /// Three context sentences in one user message, then a question about the first in another;
 /// the spans of the sentences.
-fn hiding_case() -> (ConversationSnapshot, Vec<TextSpan>) {
+fn hiding_case() -> (ConversationSnapshot, Hideable) {
     let sentences = [
         "The capital of Freedonia is Sylvania.",
         "The sky is blue.",
         "Dogs bark at night.",
     ];
     let context = sentences.join(" ");
-    let spans = sentences
+    let spans: Vec<TextSpan> = sentences
         .iter()
         .map(|s| {
             let start = context.find(s).unwrap() as u32;
@@ -495,19 +496,22 @@ fn hiding_case() -> (ConversationSnapshot, Vec<TextSpan>) {
     let turns = vec![Turn {
         messages: messages.into(),
     }];
-    (ConversationSnapshot::new(turns).unwrap(), spans)
+    let parts = Hideable {
+        spans: spans.into(),
+        ..Hideable::default()
+    };
+    (ConversationSnapshot::new(turns).unwrap(), parts)
 }
 
 /// A span becomes the tokens that spell it, and the rows computed again begin with the text of
 /// the message they start from.
 #[test]
 fn hidden_spans_become_the_tokens_that_spell_them() {
-    let (snapshot, spans) = hiding_case();
+    let (snapshot, parts) = hiding_case();
     let engine = f32_model().engine().unwrap();
     let hidden = [vec![1], vec![0, 2], vec![]];
     let hiding = |from_message| Hiding {
-        spans: &spans,
-        boxes: &[],
+        parts: &parts,
         hidden: &hidden,
         from_message,
     };
@@ -548,7 +552,7 @@ fn hidden_spans_become_the_tokens_that_spell_them() {
 /// answer costs the answer far more than hiding an unrelated one.
 #[test]
 fn score_hidden_hides_spans_from_the_last_message_on_and_reuses_the_rest() {
-    let (snapshot, spans) = hiding_case();
+    let (snapshot, parts) = hiding_case();
     let (off, on) = (
         open(json!({"weights": "f32"})),
         open(json!({"weights": "f32"})),
@@ -563,13 +567,13 @@ fn score_hidden_hides_spans_from_the_last_message_on_and_reuses_the_rest() {
     let hidden = [vec![], vec![0], vec![1], vec![0, 1, 2]];
     let plain = off.score(&snapshot, reply).unwrap();
     let cold = off
-        .score_hidden(&snapshot, reply, (&spans, &[]), &hidden, 1)
+        .score_hidden(&snapshot, reply, &parts, &hidden, 1)
         .unwrap();
     let warm = on
-        .score_hidden(&snapshot, reply, (&spans, &[]), &hidden, 1)
+        .score_hidden(&snapshot, reply, &parts, &hidden, 1)
         .unwrap();
     let alone = on
-        .score_hidden(&snapshot, reply, (&spans, &[]), &hidden[1..2], 1)
+        .score_hidden(&snapshot, reply, &parts, &hidden[1..2], 1)
         .unwrap();
     assert_eq!(cold.len(), 4);
     assert!(max_abs_diff(&cold[0].logprobs, &plain.logprobs) <= 1e-5);

@@ -16,8 +16,8 @@ use lmhost_candle::audio_backend::AudioBackend;
 use lmhost_candle::models::whisper;
 use lmhost_plugin_api::abi_stable::std_types::{ROption, RVec};
 use lmhost_plugin_api::{
-    Audio, ConversationSnapshot, ErrorKind, FinishReason, GenerationConfig, Message, Part, Role,
-    Turn,
+    Audio, AudioSpan, ConversationSnapshot, ErrorKind, FinishReason, GenerationConfig, Hideable,
+    Message, Part, Role, TextSpan, Turn,
 };
 use serde_json::Map;
 
@@ -646,4 +646,97 @@ fn the_speech_path_honours_dtype_and_device() {
         .expect("no cuda in this build");
         assert!(err.message.contains("option `device`"), "{err}");
     }
+}
+
+/// `score_hidden` on speech: hiding nothing is `score`; hiding a stretch of the clip equals
+/// deleting its encoder positions (computed here by slicing the encoder output: cross-attention
+/// has no positions of its own, so both are the same sums with the hidden terms left out; f32
+/// on one CPU either way, so the bound holds on any); hiding the whole clip costs the
+/// transcript most of its score; hiding context text that spells the transcript takes its help
+/// away; the audio is encoded once for every entry.
+#[test]
+fn score_hidden_hides_audio_from_cross_attention_and_text_from_the_decoder() {
+    let mut b = backend();
+    let audio = speak(SPOKEN);
+    let (n, rate) = (audio.samples.len() as u32, audio.sample_rate);
+    let clip = |start, end| AudioSpan {
+        message: 0,
+        audio: 0,
+        start,
+        end,
+    };
+    let parts = Hideable {
+        spans: vec![TextSpan {
+            message: 0,
+            start: 0,
+            end: SPOKEN.len() as u32,
+        }]
+        .into(),
+        clips: vec![clip(0, n / 2), clip(0, n)].into(),
+        ..Hideable::default()
+    };
+    let heard = snapshot(vec![audio_part(audio.clone())]);
+    let runs = b.encoder_runs();
+    let records = b
+        .score_hidden(&heard, SPOKEN, &parts, &[vec![], vec![1], vec![2]])
+        .unwrap();
+    assert!(b.encoder_runs() <= runs + 1, "the audio was encoded twice");
+    let plain = b.score(&heard, SPOKEN).unwrap();
+    assert!(max_abs(&records[0].logprobs, &plain.logprobs) <= 1e-6);
+
+    // The first half's encoder positions, deleted.
+    let samples = b.processor().prepare(&audio, "clip").unwrap();
+    let mel = b.processor().features(&samples).remove(0);
+    let model = &b.loaded().model;
+    let mel = Tensor::from_slice(&mel, (1, 80, 3000), &Device::Cpu).unwrap();
+    let encoded = model.encoder.forward(&mel).unwrap();
+    let half = (f64::from(n / 2) * 16_000.0 / f64::from(rate)).ceil() as u32;
+    let kept = Tensor::arange(half.div_ceil(320), 1500, &Device::Cpu).unwrap();
+    let cross = (model.decoder)
+        .cross_kv(&encoded.index_select(&kept, 1).unwrap())
+        .unwrap();
+    let (_, deleted) = model
+        .force((&cross, &b.loaded().tokens), &[], &plain.token_ids, &[])
+        .unwrap();
+    let diff = max_abs(&records[1].logprobs, &deleted);
+    eprintln!("hidden vs deleted encoder positions: {diff:e}");
+    assert!(diff <= 1e-4, "{diff}");
+
+    let total = |r: &lmhost_plugin_api::ScoreRecord| r.total_logprob();
+    let (all, first_half, none) = (total(&plain), total(&records[1]), total(&records[2]));
+    eprintln!("transcript logprob: heard {all:.2}, first half hidden {first_half:.2}, all hidden {none:.2}");
+    assert!(none < first_half && first_half < all - 10.0);
+
+    // A full 30 s window hidden whole: cross-attention over nothing adds nothing (no NaN).
+    let mut long = speak(SPOKEN);
+    long.samples = (long.samples.iter().copied())
+        .chain(std::iter::repeat(0.0))
+        .take(30 * rate as usize)
+        .collect::<Vec<f32>>()
+        .into();
+    let window = snapshot(vec![audio_part(long)]);
+    let whole = Hideable {
+        clips: vec![clip(0, 30 * rate)].into(),
+        ..Hideable::default()
+    };
+    let deaf = b.score_hidden(&window, SPOKEN, &whole, &[vec![0]]).unwrap();
+    assert!(deaf[0].logprobs.iter().all(|l| l.is_finite()));
+    assert!(deaf[0].total_logprob() < all - 10.0);
+
+    let read = snapshot(vec![Part::text(SPOKEN), audio_part(audio)]);
+    let records = b
+        .score_hidden(&read, SPOKEN, &parts, &[vec![], vec![0]])
+        .unwrap();
+    let (with_text, text_hidden) = (total(&records[0]), total(&records[1]));
+    eprintln!(
+        "with the transcript as context {with_text:.2}, that context hidden {text_hidden:.2}"
+    );
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }

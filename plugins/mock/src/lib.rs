@@ -17,8 +17,8 @@ use std::time::Duration;
 use lmhost_plugin_api::serde_json::json;
 use lmhost_plugin_api::{
     Audio, Backend, BackendStats, Capabilities, ConversationSnapshot, EmbeddingRecord,
-    FinishReason, GenerationConfig, GenerationRecord, Image, ImageBox, KvCacheSettings, OptionKind,
-    OptionSpec, Part, PluginContext, PluginError, Role, ScoreRecord, TextSpan, TokenDelta,
+    FinishReason, GenerationConfig, GenerationRecord, Hidden, Hideable, Image, KvCacheSettings,
+    OptionKind, OptionSpec, Part, PluginContext, PluginError, Role, ScoreRecord, TokenDelta,
     TokenizeRecord,
 };
 
@@ -151,14 +151,14 @@ impl Backend for Mock {
             .collect()
     }
 
-    /// A bag of words forgets what it cannot see: each entry scores the reply with the words of
-    /// its hidden spans and image boxes left out of the prompt (the mock keeps no state for
-    /// the messages before `from_message` to have seen them).
+    /// A bag of words forgets what it cannot see or hear: each entry scores the reply with the
+    /// words of its hidden spans, image boxes and audio stretches left out of the prompt (the
+    /// mock keeps no state for the messages before `from_message` to have seen them).
     fn score_hidden(
         &self,
         snapshot: &ConversationSnapshot,
         reply: &str,
-        (spans, boxes): (&[TextSpan], &[ImageBox]),
+        parts: &Hideable,
         hidden: &[Vec<u32>],
         _from_message: u32,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
@@ -167,17 +167,9 @@ impl Backend for Mock {
         hidden
             .iter()
             .map(|entry| {
-                let chosen = |i: &&u32| (**i as usize) < spans.len();
-                let hidden_spans: Vec<&TextSpan> = entry
-                    .iter()
-                    .filter(chosen)
-                    .map(|&i| &spans[i as usize])
-                    .collect();
-                let hidden_boxes: Vec<&ImageBox> = (entry.iter())
-                    .filter_map(|&i| boxes.get((i as usize).checked_sub(spans.len())?))
-                    .collect();
+                let hidden = parts.hidden(entry);
                 let prompt: Vec<String> = (placed.iter())
-                    .filter(|w| !w.hidden_by(&hidden_spans, &hidden_boxes))
+                    .filter(|w| !w.hidden_by(&hidden))
                     .map(|w| w.text.clone())
                     .collect();
                 Ok(ScoreRecord {
@@ -349,8 +341,8 @@ struct Word {
 enum Source {
     /// A message's role marker.
     Marker,
-    /// A sound, which cannot be hidden.
-    Sound,
+    /// Samples `start..end` of the message's audio clip `clip`.
+    Sound(usize, std::ops::Range<usize>),
     /// Bytes of the message's text.
     Text(std::ops::Range<usize>),
     /// A cell `[x0, y0, x1, y1]` of the message's image `image`.
@@ -358,15 +350,15 @@ enum Source {
 }
 
 impl Word {
-    /// Whether a hidden span or box covers it.
-    fn hidden_by(&self, spans: &[&TextSpan], boxes: &[&ImageBox]) -> bool {
+    /// Whether a hidden span, box or stretch of audio covers it.
+    fn hidden_by(&self, hidden: &Hidden<'_>) -> bool {
         let message = self.message as u32;
         match &self.from {
-            Source::Marker | Source::Sound => false,
-            Source::Text(r) => spans.iter().any(|s| {
+            Source::Marker => false,
+            Source::Text(r) => hidden.spans.iter().any(|s| {
                 s.message == message && (s.start as usize) < r.end && r.start < s.end as usize
             }),
-            Source::Cell(image, [x0, y0, x1, y1]) => boxes.iter().any(|b| {
+            Source::Cell(image, [x0, y0, x1, y1]) => hidden.boxes.iter().any(|b| {
                 let [bx0, by0, bx1, by1] = b.bounds;
                 b.message == message
                     && b.image as usize == *image
@@ -374,6 +366,12 @@ impl Word {
                     && bx0 < *x1
                     && *y0 < by1
                     && by0 < *y1
+            }),
+            Source::Sound(clip, r) => hidden.clips.iter().any(|c| {
+                c.message == message
+                    && c.audio as usize == *clip
+                    && (c.start as usize) < r.end
+                    && r.start < c.end as usize
             }),
         }
     }
@@ -391,7 +389,7 @@ fn placed_words(snapshot: &ConversationSnapshot) -> Vec<Word> {
         if message.role != Role::Raw {
             words.push(word(format!("{}:", message.role.as_str()), Source::Marker));
         }
-        let (mut offset, mut images) = (0, 0);
+        let (mut offset, mut images, mut clips) = (0, 0, 0);
         for part in message.parts.iter() {
             match part {
                 Part::Text { text } => {
@@ -408,7 +406,10 @@ fn placed_words(snapshot: &ConversationSnapshot) -> Vec<Word> {
                     images += 1;
                 }
                 Part::Audio { audio } => {
-                    words.extend(heard(audio).into_iter().map(|w| word(w, Source::Sound)))
+                    for (name, samples) in heard(audio) {
+                        words.push(word(name, Source::Sound(clips, samples)));
+                    }
+                    clips += 1;
                 }
             }
         }
@@ -450,12 +451,12 @@ fn seen(image: &Image) -> Vec<(String, [u32; 4])> {
     words
 }
 
-/// `loud` for each quarter second of `audio` whose peak reaches 0.5.
-fn heard(audio: &Audio) -> Vec<String> {
+/// `loud` for each quarter second of `audio` whose peak reaches 0.5, with its samples.
+fn heard(audio: &Audio) -> Vec<(String, std::ops::Range<usize>)> {
     let quarter = (audio.sample_rate as usize / 4).max(1);
-    (audio.samples.chunks(quarter))
-        .filter(|chunk| chunk.iter().any(|s| s.abs() >= 0.5))
-        .map(|_| "loud".to_string())
+    (audio.samples.chunks(quarter).enumerate())
+        .filter(|(_, chunk)| chunk.iter().any(|s| s.abs() >= 0.5))
+        .map(|(k, chunk)| ("loud".to_string(), k * quarter..k * quarter + chunk.len()))
         .collect()
 }
 

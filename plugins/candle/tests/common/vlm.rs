@@ -322,7 +322,6 @@ fn all_logits_diff(vlm: &Vlm, name: &str) -> f32 {
 /// cell of a 2 x 2 grid is hiding the whole image, hiding one cell moves the score, and the
 /// vision tower encodes the image once for all of it.
 pub fn hiding_image_regions(vlm: &Vlm) {
-    use lmhost_plugin_api::ImageBox;
     let backend = backend(&vlm.dir);
     let (snapshot, reply) = vlm.chat("one");
     let plain = backend.score(&snapshot, reply).unwrap();
@@ -333,16 +332,20 @@ pub fn hiding_image_regions(vlm: &Vlm) {
         [40, 30, 80, 60],
         [0, 0, 80, 60],
     ];
-    let boxes: Vec<ImageBox> = (bounds.iter())
-        .map(|&bounds| ImageBox {
+    let boxes: Vec<_> = (bounds.iter())
+        .map(|&bounds| lmhost_plugin_api::ImageBox {
             message: 0,
             image: 0,
             bounds,
         })
         .collect();
+    let parts = lmhost_plugin_api::Hideable {
+        boxes: boxes.into(),
+        ..Default::default()
+    };
     let hidden = [vec![], vec![0, 1, 2, 3], vec![4], vec![1]];
     let records = backend
-        .score_hidden(&snapshot, reply, (&[], &boxes), &hidden, 0)
+        .score_hidden(&snapshot, reply, &parts, &hidden, 0)
         .unwrap();
     let diff = |a: &[f32], b: &[f32]| {
         a.iter()

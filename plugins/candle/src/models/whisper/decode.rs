@@ -129,13 +129,14 @@ impl Whisper {
         Ok(out)
     }
 
-    /// Teacher-forced hidden states `(1, len, d)` and raw logprobs of `ids` after the prompt.
+    /// Teacher-forced hidden states `(1, len, d)` and raw logprobs of `ids` after the prompt,
+    /// where no token attends to the prompt's tokens at positions `hidden`.
     pub fn force(
         &self,
-        cross: &CrossKv,
-        tokens: &SpecialTokens,
+        (cross, tokens): (&CrossKv, &SpecialTokens),
         previous: &[u32],
         ids: &[u32],
+        hidden: &[usize],
     ) -> Result<(Tensor, Vec<f32>)> {
         let prompt = tokens.prompt(previous);
         let mut all = prompt.clone();
@@ -148,14 +149,14 @@ impl Whisper {
             );
         }
         let mut kv = KvState::new(self.decoder.n_layers());
-        let hidden = self.decoder.forward(&all, &mut kv, cross)?;
+        let states = self.decoder.forward_hiding(&all, &mut kv, cross, hidden)?;
         let p = prompt.len();
         // Position i predicts token i + 1.
-        let logits = self.decoder.logits(&hidden.narrow(1, p - 1, ids.len())?)?;
+        let logits = self.decoder.logits(&states.narrow(1, p - 1, ids.len())?)?;
         let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let index = Tensor::new(ids, logprobs.device())?.unsqueeze(1)?;
         let picked = logprobs.gather(&index, 1)?.squeeze(1)?.to_vec1::<f32>()?;
-        Ok((hidden.narrow(1, p, ids.len())?, picked))
+        Ok((states.narrow(1, p, ids.len())?, picked))
     }
 }
 

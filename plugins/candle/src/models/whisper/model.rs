@@ -206,9 +206,54 @@ impl DecoderLayer {
     }
 }
 
-/// Cross-attention keys and values of one encoded audio window, one pair per decoder layer.
+/// Cross-attention keys and values of one encoded audio window, one pair per decoder layer,
+/// and which encoder positions the decoder may not attend to (`score_hidden`).
 #[derive(Debug, Clone)]
-pub struct CrossKv(Vec<(Tensor, Tensor)>);
+pub struct CrossKv {
+    layers: Vec<(Tensor, Tensor)>,
+    /// `(1, positions)`: 0 where visible, `-inf` where hidden.
+    mask: Option<Tensor>,
+    /// Every position is hidden: attending to nothing adds nothing, so the decoder skips its
+    /// cross-attention.
+    deaf: bool,
+}
+
+impl CrossKv {
+    /// How many encoder positions (20 ms each) the window has.
+    pub fn positions(&self) -> Result<usize> {
+        match self.layers.first() {
+            Some((k, _)) => k.dim(2),
+            None => Ok(0),
+        }
+    }
+
+    /// These keys and values with the encoder positions where `hidden` is true masked out of
+    /// the decoder's attention (the same as deleting them: cross-attention has no positions
+    /// of its own).
+    pub fn hiding(&self, hidden: &[bool]) -> Result<CrossKv> {
+        let positions = self.positions()?;
+        if hidden.len() != positions {
+            candle_core::bail!(
+                "{} hidden flags for {positions} encoder positions",
+                hidden.len()
+            );
+        }
+        let mask: Vec<f32> = (hidden.iter())
+            .map(|&h| if h { f32::NEG_INFINITY } else { 0.0 })
+            .collect();
+        let dtype = self
+            .layers
+            .first()
+            .map_or(candle_core::DType::F32, |(k, _)| k.dtype());
+        let device = self.layers.first().map(|(k, _)| k.device().clone());
+        let device = device.unwrap_or(candle_core::Device::Cpu);
+        Ok(CrossKv {
+            layers: self.layers.clone(),
+            mask: Some(Tensor::from_vec(mask, (1, positions), &device)?.to_dtype(dtype)?),
+            deaf: hidden.iter().all(|&h| h),
+        })
+    }
+}
 
 /// The text decoder; its output projection is tied to the token embedding.
 #[derive(Debug, Clone)]
@@ -251,7 +296,11 @@ impl TextDecoder {
             .iter()
             .map(|l| l.cross.keys_values(encoded))
             .collect::<Result<_>>()
-            .map(CrossKv)
+            .map(|layers| CrossKv {
+                layers,
+                mask: None,
+                deaf: false,
+            })
     }
 
     /// The token-embedding rows of `ids`, `(len, d)`.
@@ -263,20 +312,33 @@ impl TextDecoder {
     /// Runs `ids` at the positions after those `kv` holds, appending to `kv`; returns the final
     /// hidden states `(1, len, d)` (after the last layer norm).
     pub fn forward(&self, ids: &[u32], kv: &mut KvState, cross: &CrossKv) -> Result<Tensor> {
+        self.forward_hiding(ids, kv, cross, &[])
+    }
+
+    /// [`Self::forward`] where no later token attends to the tokens at positions `hidden`.
+    pub fn forward_hiding(
+        &self,
+        ids: &[u32],
+        kv: &mut KvState,
+        cross: &CrossKv,
+        hidden: &[usize],
+    ) -> Result<Tensor> {
         let offset = kv.len();
         let n = ids.len();
         let x = self.embed(ids)?.unsqueeze(0)?;
         let mut x = x.broadcast_add(&self.positions.narrow(0, offset, n)?)?;
-        let mask = causal_mask(n, offset, x.device())?
+        let mask = causal_mask(n, offset, hidden, x.device())?
             .map(|m| m.to_dtype(x.dtype()))
             .transpose()?;
-        for (i, (layer, (ck, cv))) in self.layers.iter().zip(&cross.0).enumerate() {
+        for (i, (layer, (ck, cv))) in self.layers.iter().zip(&cross.layers).enumerate() {
             let h = layer.attn_ln.forward(&x)?;
             let (k, v) = layer.attn.keys_values(&h)?;
             let (k, v) = kv.append(i, &k, &v)?;
             x = (&x + layer.attn.attend(&h, &k, &v, mask.as_ref())?)?;
-            let h = layer.cross_ln.forward(&x)?;
-            x = (&x + layer.cross.attend(&h, ck, cv, None)?)?;
+            if !cross.deaf {
+                let h = layer.cross_ln.forward(&x)?;
+                x = (&x + layer.cross.attend(&h, ck, cv, cross.mask.as_ref())?)?;
+            }
             x = (&x + layer.mlp.forward(&layer.mlp_ln.forward(&x)?)?)?;
         }
         self.ln.forward(&x)
@@ -291,15 +353,21 @@ impl TextDecoder {
     }
 }
 
-/// `None` for one new token (it may see everything); else `-inf` above the shifted diagonal.
-fn causal_mask(n: usize, offset: usize, device: &candle_core::Device) -> Result<Option<Tensor>> {
-    if n == 1 {
+/// `None` for one new token that hides nothing (it may see everything); else `-inf` above the
+/// shifted diagonal and, below it, in the columns of `hidden` positions.
+fn causal_mask(
+    n: usize,
+    offset: usize,
+    hidden: &[usize],
+    device: &candle_core::Device,
+) -> Result<Option<Tensor>> {
+    if n == 1 && hidden.is_empty() {
         return Ok(None);
     }
     let mask: Vec<f32> = (0..n)
         .flat_map(|i| {
             (0..offset + n).map(move |j| {
-                if j > offset + i {
+                if j > offset + i || (j < offset + i && hidden.contains(&j)) {
                     f32::NEG_INFINITY
                 } else {
                     0.0
