@@ -15,6 +15,9 @@ pub enum ExplainError {
     #[error("value `{value}` needs a backend that {needs}; this backend does not")]
     Capability { value: String, needs: String },
 
+    #[error("`{setting}` needs a backend that {needs}; this backend does not")]
+    Setting { setting: String, needs: String },
+
     /// The model failed on one coalition's prompt, or returned something unusable.
     #[error("evaluating {what}: {message}")]
     Model { what: String, message: String },

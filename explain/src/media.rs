@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use lmhost_plugin_api::{Audio, Image, Message, Part};
+use lmhost_plugin_api::{Audio, Capabilities, ConversationSnapshot, Image, Message, Part};
 use serde::Serialize;
 
 use super::error::ExplainError;
@@ -101,6 +101,45 @@ impl Piece {
             Piece::Segment { start, end, .. } => format!("[audio {start:.2}-{end:.2} s]"),
         }
     }
+}
+
+/// Refuses, before any work, media players of a conversation's images or audio on a backend
+/// that does not take them, and `hide` on one that cannot hide; each error names the setting
+/// and the backends that can.
+pub fn check_backend(
+    spec: &MediaSpec,
+    hide: bool,
+    conversation: &ConversationSnapshot,
+    caps: &Capabilities,
+) -> Result<(), ExplainError> {
+    let any = |image: bool| {
+        (conversation.messages()).any(|m| if image { m.has_images() } else { m.has_audio() })
+    };
+    let refuse = |setting: String, needs: &str| {
+        Err(ExplainError::Setting {
+            setting,
+            needs: needs.into(),
+        })
+    };
+    if spec.images != ImagePlayers::Whole && any(true) && !caps.image_input {
+        let setting = format!("image_players = \"{}\"", spec.images);
+        return refuse(
+            setting,
+            "sees images (candle with Gemma 3 or SmolVLM, or mock)",
+        );
+    }
+    if spec.audio != AudioPlayers::Whole && any(false) && !caps.audio_input {
+        let setting = format!("audio_players = \"{}\"", spec.audio);
+        return refuse(setting, "hears audio (candle with Whisper, or mock)");
+    }
+    if hide && !caps.hides {
+        return refuse(
+            "absence = \"hide\"".into(),
+            "can hide parts of a prompt from attention (candle or mock); use \
+             absence = \"delete\" or \"pad\"",
+        );
+    }
+    Ok(())
 }
 
 /// The media players of `message` (number `global` across turns): their ids and pieces, in
@@ -413,6 +452,50 @@ pub fn silenced(audio: &Audio, ranges: &[Range<usize>]) -> Audio {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Image players on a backend that sees no images, audio players on one that hears no
+    /// audio, and `hide` on one that cannot hide are refused by setting; media the
+    /// conversation does not hold ask nothing of the backend.
+    #[test]
+    fn media_players_ask_the_backend_for_what_they_need() {
+        let image = Image::new(2, 2, vec![0; 12]).unwrap();
+        let message = Message {
+            role: lmhost_plugin_api::Role::User,
+            parts: vec![Part::Image { image }, Part::text("What is it?")].into(),
+        };
+        let conversation = ConversationSnapshot::new(vec![lmhost_plugin_api::Turn {
+            messages: vec![message].into(),
+        }])
+        .unwrap();
+        let grid = MediaSpec {
+            images: ImagePlayers::Grid,
+            ..MediaSpec::default()
+        };
+        let windows = MediaSpec {
+            audio: AudioPlayers::Windows,
+            ..MediaSpec::default()
+        };
+        let blind = Capabilities::default();
+        let err = check_backend(&grid, false, &conversation, &blind).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("`image_players = \"grid\"` needs a backend that sees images"));
+        let sees = Capabilities {
+            image_input: true,
+            ..blind
+        };
+        assert!(check_backend(&grid, false, &conversation, &sees).is_ok());
+        assert!(check_backend(&windows, false, &conversation, &blind).is_ok());
+        let err = check_backend(&grid, true, &conversation, &sees).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("`absence = \"hide\"` needs a backend that can hide"));
+        let hides = Capabilities {
+            hides: true,
+            ..sees
+        };
+        assert!(check_backend(&grid, true, &conversation, &hides).is_ok());
+    }
 
     #[test]
     fn a_grid_covers_the_image_once() {

@@ -150,6 +150,73 @@ fn converse_about_an_image(vlm: &str, positions: usize, images: Value) {
     }
 }
 
+/// Tiny Gemma 3's image is 2 x 2 soft tokens: a 4 x 4 grid hidden from attention would split
+/// each token's cell into four regions it cannot tell apart, so it is refused naming the
+/// setting; painting the same cells works (each is painted on the pixels).
+#[test]
+fn a_grid_finer_than_the_image_tokens_is_refused_under_hide() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, conversation) = files(GEMMA3, dir.path());
+    let run = |absence: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lmhost"))
+            .args(["-q", "explain", "--config"])
+            .arg(&config)
+            .arg("--conversation")
+            .arg(&conversation)
+            .args([
+                "--reply",
+                "It is red.",
+                "--image-players",
+                "grid",
+                "--grid",
+                "4x4",
+            ])
+            .args(["--estimator", "loo", "--absence", absence])
+            .output()
+            .expect("lmhost runs")
+    };
+    let hidden = run("hide");
+    let stderr = String::from_utf8_lossy(&hidden.stderr);
+    assert!(!hidden.status.success());
+    assert!(
+        stderr.contains("cover the same 1 image tokens") && stderr.contains("fewer `grid` cells"),
+        "{stderr}"
+    );
+    let painted = run("delete");
+    assert!(
+        painted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&painted.stderr)
+    );
+}
+
+/// Image players on the default text-only model (a GGUF file) are refused before any work,
+/// naming the setting and the backends that see images.
+#[test]
+fn image_players_on_a_text_only_model_are_refused_by_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, conversation) = files(GEMMA3, dir.path());
+    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
+        .current_dir(repo())
+        .args([
+            "-q",
+            "explain",
+            "--config",
+            "configs/default.toml",
+            "--conversation",
+        ])
+        .arg(&conversation)
+        .args(["--reply", "It is red.", "--image-players", "grid"])
+        .output()
+        .expect("lmhost runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("`image_players = \"grid\"` needs a backend that sees images (candle with Gemma 3 or SmolVLM"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn serve_answers_a_chat_with_an_image_url() {
     for vlm in [GEMMA3, IDEFICS3] {

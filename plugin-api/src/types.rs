@@ -625,6 +625,11 @@ pub struct Capabilities {
     pub audio_input: bool,
     pub prefix_cache: bool,
     pub embeddings: bool,
+    /// Takes image parts (a backend that cannot know before its model loads says `true`, and
+    /// refuses images on use).
+    pub image_input: bool,
+    /// `score_hidden` works.
+    pub hides: bool,
 }
 
 /// The host's `[kv_cache]` settings, passed on to the backend.

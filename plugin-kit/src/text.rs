@@ -409,6 +409,7 @@ impl TextFrontEnd {
             })
             .collect::<Result<Vec<Range<usize>>, PluginError>>()?;
         let covered = self.covered_placeholders(snapshot, &hiding.parts.boxes, &images, &placed)?;
+        self.told_apart(&hiding.parts.boxes, &covered)?;
         let boundary = starts
             .get(hiding.from_message as usize)
             .copied()
@@ -501,6 +502,32 @@ impl TextFrontEnd {
                     .collect())
             })
             .collect()
+    }
+
+    /// Refuses two boxes of one image that cover the same placeholders (`covered`, each box's):
+    /// hiding cannot tell them apart, so their values would be one value split by chance.
+    fn told_apart(&self, boxes: &[ImageBox], covered: &[Vec<usize>]) -> Result<(), PluginError> {
+        for (i, (a, tokens)) in boxes.iter().zip(covered).enumerate() {
+            let twin =
+                (boxes.iter().zip(covered).enumerate().skip(i + 1)).find(|(_, (b, other))| {
+                    (b.message, b.image) == (a.message, a.image) && other == &tokens
+                });
+            if let Some((j, (b, _))) = twin {
+                return Err(PluginError::invalid_input(format!(
+                    "boxes {i} {:?} and {j} {:?} of image {} of message {} cover the same {} \
+                     image tokens of model `{}`, so hiding cannot tell them apart; the model's \
+                     image tokens are coarser than these regions: use fewer `grid` cells or \
+                     larger regions, or paint them (a `fill` with absence \"delete\")",
+                    a.bounds,
+                    b.bounds,
+                    a.image,
+                    a.message,
+                    tokens.len(),
+                    self.model_id
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Samples a reply after a prompt of `prompt_len` tokens whose last logits row is `row`;

@@ -17,7 +17,7 @@ use crate::config::{Config, ExplanationConfig};
 use crate::error::{Error, Result};
 use crate::explain::value::ValueFunction;
 use crate::explain::{
-    hierarchy, value, AbsenceKind, BaseAnswer, EstimatorSettings, Evaluation, Explanation,
+    hierarchy, media, value, AbsenceKind, BaseAnswer, EstimatorSettings, Evaluation, Explanation,
     Granularity, Job, Model, Need, Plan, Players, Stopped,
 };
 use crate::outcome::{width, Outcome, Refinement, ReplySource, RunStats};
@@ -52,7 +52,10 @@ pub fn run(
     let started = Instant::now();
     let settings = config.explanation.clone();
     // Everything that can be refused is refused before the first model call.
-    Need::of(settings.value).check(settings.value, &backend.capabilities())?;
+    let caps = backend.capabilities();
+    Need::of(settings.value).check(settings.value, &caps)?;
+    let hide = settings.absence == AbsenceKind::Hide;
+    media::check_backend(&settings.player_spec().media, hide, conversation, &caps)?;
     let players = Players::split(conversation, &settings.player_spec())?;
     let plan = Plan::new(players.len(), &settings.estimator_settings())?;
     let store = options.run_dir.as_deref().map(RunStore::open).transpose()?;

@@ -158,6 +158,8 @@ impl AudioBackend {
             returns_logprobs: true,
             scores_continuations: true,
             audio_input: true,
+            image_input: false,
+            hides: true,
             prefix_cache: false,
             embeddings: true,
         }

@@ -119,6 +119,8 @@ impl Backend for Candle {
                 audio_input: false,
                 prefix_cache: true,
                 embeddings: true,
+                image_input: models::vision::may_see(std::path::Path::new(&self.model_id)),
+                hides: true,
             },
         }
     }

@@ -35,7 +35,8 @@ fn a_text_only_model_refuses_audio_naming_the_model() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::write_gguf(&dir.path().join("tiny.gguf"), "llama");
     let backend = common::backend(&model, json!({"weights": "f32", "threads": 1}));
-    assert!(!backend.capabilities().audio_input);
+    let caps = backend.capabilities();
+    assert!(!caps.audio_input && !caps.image_input && caps.hides);
     let err = backend
         .generate(&audio_snapshot(), &GenerationConfig::default())
         .unwrap_err();
@@ -61,7 +62,7 @@ fn a_text_only_model_refuses_audio_naming_the_model() {
 fn a_whisper_checkpoint_is_detected_and_transcribes_through_the_backend() {
     let backend = common::backend(&whisper_dir(), json!({"threads": 1}));
     let caps = backend.capabilities();
-    assert!(caps.audio_input && !caps.prefix_cache);
+    assert!(caps.audio_input && !caps.prefix_cache && !caps.image_input && caps.hides);
     let record = backend
         .generate(&audio_snapshot(), &GenerationConfig::default())
         .unwrap();

@@ -90,6 +90,8 @@ impl Backend for Mock {
             returns_logprobs: true,
             scores_continuations: true,
             audio_input: true,
+            image_input: true,
+            hides: true,
             prefix_cache: true,
             embeddings: true,
         }

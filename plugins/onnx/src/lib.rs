@@ -65,6 +65,8 @@ impl Backend for Onnx {
             returns_logprobs: true,
             scores_continuations: true,
             audio_input: false,
+            image_input: false,
+            hides: false,
             prefix_cache: true,
             embeddings: false,
         }

@@ -189,6 +189,8 @@ impl Backend for OpenAi {
             scores_continuations: self.abilities.scoring != Scoring::None
                 && !matches!(self.format, PromptFormat::None),
             audio_input: false,
+            image_input: false,
+            hides: false,
             prefix_cache: true,
             embeddings: false,
         }

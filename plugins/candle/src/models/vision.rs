@@ -120,6 +120,20 @@ impl ImageIds for ImageFeatures {
     }
 }
 
+/// Whether the checkpoint at `model_id` may see images: a local folder whose `config.json`
+/// has a `vision_config`, or anything not yet on disk (a hub id: known once it loads). A GGUF
+/// file, or a folder without one, sees none.
+pub fn may_see(model_id: &std::path::Path) -> bool {
+    if model_id.is_file() {
+        return false;
+    }
+    match std::fs::read_to_string(model_id.join("config.json")) {
+        Ok(text) => serde_json::from_str::<serde_json::Value>(&text)
+            .is_ok_and(|config| config.get("vision_config").is_some()),
+        Err(_) => !model_id.is_dir(),
+    }
+}
+
 /// Whether `ids` hold an image's placeholders.
 pub fn has_images(ids: &[u32]) -> bool {
     ids.iter().any(|&id| id >= FIRST_IMAGE_ID)

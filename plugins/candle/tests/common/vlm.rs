@@ -323,6 +323,7 @@ fn all_logits_diff(vlm: &Vlm, name: &str) -> f32 {
 /// vision tower encodes the image once for all of it.
 pub fn hiding_image_regions(vlm: &Vlm) {
     let backend = backend(&vlm.dir);
+    assert!(backend.capabilities().image_input && backend.capabilities().hides);
     let (snapshot, reply) = vlm.chat("one");
     let plain = backend.score(&snapshot, reply).unwrap();
     let bounds = [
