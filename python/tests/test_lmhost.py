@@ -118,8 +118,8 @@ def test_image_regions_from_the_messages_are_players(tmp_path):
     assert max(range(len(ex.values)), key=lambda i: abs(ex.values[i])) == 2
     hidden = mock().explain(messages, reply="red", image_players="regions", absence="hide", estimator="exact")
     assert hidden.values == pytest.approx(ex.values, abs=1e-9), "the mock forgets a hidden box as a painted one"
-    with pytest.raises(lmhost.InvalidInputError, match="does not take audio players"):
-        mock().explain(messages, reply="red", audio_players="windows", absence="hide")
+    with pytest.raises(lmhost.InvalidInputError, match="`audio_window` must be >= 0.02"):
+        mock().explain(messages, reply="red", audio_players="windows", audio_window=0.001)
 
 
 def test_progress_is_reported_and_an_exception_in_it_stops_the_run_keeping_its_values(tmp_path):
