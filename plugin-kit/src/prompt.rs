@@ -108,7 +108,7 @@ impl PromptFormat {
                     .collect();
                 let text = template
                     .render(&messages, true)
-                    .map_err(|e| PluginError::invalid_input(e.to_string()))?;
+                    .map_err(|e| PluginError::invalid_input(format!("model `{model}`: {e}")))?;
                 match processor {
                     Some(processor) => (expand_markers(&text, &images, processor, model)?, false),
                     None => (text, false),

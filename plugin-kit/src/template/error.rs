@@ -36,6 +36,9 @@ pub enum TemplateError {
         line: Line,
         message: String,
     },
+    /// The render went past one of [`super::limits`].
+    #[error("chat template from {origin} exceeds {limit}; refused, as a template that never ends or fills memory would be")]
+    Limit { origin: String, limit: String },
     /// Rendering failed otherwise (an undefined attribute, a method Python lacks...).
     #[error("chat template from {origin} fails{line}: {detail}")]
     Render {
@@ -67,7 +70,28 @@ impl TemplateError {
         }
     }
 
+    pub(super) fn limit(origin: &str, limit: String) -> Self {
+        TemplateError::Limit {
+            origin: origin.to_string(),
+            limit,
+        }
+    }
+
     pub(super) fn render(origin: &str, err: &minijinja::Error) -> Self {
+        use super::limits;
+        match err.kind() {
+            minijinja::ErrorKind::OutOfFuel => {
+                let limit = format!("its fuel of {} instructions", limits::FUEL);
+                return Self::limit(origin, limit);
+            }
+            minijinja::ErrorKind::InvalidOperation
+                if err.detail().is_some_and(|d| d.contains("recursion limit")) =>
+            {
+                let limit = format!("its recursion depth of {}", limits::DEPTH);
+                return Self::limit(origin, limit);
+            }
+            _ => {}
+        }
         let origin = origin.to_string();
         let line = Line(err.line());
         match raised(err) {

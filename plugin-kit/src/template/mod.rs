@@ -68,6 +68,20 @@ pub struct ChatTemplate {
 /// The name the template is stored under in its environment.
 const NAME: &str = "chat";
 
+/// What one render may spend. A model's chat template is code from whoever made the file, run
+/// on every prompt: a loop without end, a runaway recursion or an endless output is refused
+/// instead of hanging the process or filling its memory. Real templates stay far below each:
+/// the costliest of llama.cpp's collection (Gemma 4's) runs 24,028 instructions for a
+/// 65-message chat, about 370 a message, so the fuel allows some 50,000 messages.
+pub mod limits {
+    /// Template instructions one render may run.
+    pub const FUEL: u64 = 20_000_000;
+    /// How deep macro calls and nested blocks may go.
+    pub const DEPTH: usize = 100;
+    /// Bytes one render may write.
+    pub const OUTPUT: usize = 64 << 20;
+}
+
 impl ChatTemplate {
     /// Compiles `source`; `origin` (a file path, "GGUF tokenizer.chat_template", "server /props")
     /// is named in every error.
@@ -138,9 +152,22 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| TemplateError::compile(&self.origin, &e))?;
-        template
-            .render(self.context(messages, add_generation_prompt))
-            .map_err(|e| TemplateError::render(&self.origin, &e))
+        let mut out = Capped::default();
+        let rendered =
+            template.render_captured_to(self.context(messages, add_generation_prompt), &mut out);
+        if out.over {
+            return Err(TemplateError::limit(
+                &self.origin,
+                format!("its output limit of {} MiB", limits::OUTPUT >> 20),
+            ));
+        }
+        rendered.map_err(|e| TemplateError::render(&self.origin, &e))?;
+        String::from_utf8(out.bytes).map_err(|_| {
+            TemplateError::limit(
+                &self.origin,
+                "UTF-8: it wrote bytes that are not text".into(),
+            )
+        })
     }
 
     /// The variables `apply_chat_template` passes: `render_jinja_template` gives `tools` and
@@ -176,9 +203,33 @@ impl ChatTemplate {
     }
 }
 
-/// jinja2's `ImmutableSandboxedEnvironment` as Transformers configures it.
+/// A render's output, refused past [`limits::OUTPUT`] bytes.
+#[derive(Default)]
+struct Capped {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > limits::OUTPUT {
+            self.over = true;
+            return Err(std::io::Error::other("the template's output is too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// jinja2's `ImmutableSandboxedEnvironment` as Transformers configures it, within [`limits`].
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(limits::FUEL));
+    env.set_recursion_limit(limits::DEPTH);
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     // jinja2's default, like minijinja's: a single newline at the end of the template is dropped.

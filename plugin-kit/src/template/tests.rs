@@ -298,3 +298,33 @@ fn loop_controls() {
         {% if n == 3 %}{% break %}{% endif %}{{ n }}{% endfor %}";
     assert_eq!(rendered(source), "02");
 }
+
+/// A hostile template is refused within its limits, naming the limit: a loop of 10^10 turns
+/// runs out of fuel, an output of a gigabyte stops at the cap, a macro that calls itself stops
+/// at the recursion depth, and a gigabyte string by repetition is refused by minijinja itself.
+/// Each returns at once and holds at most the output cap (timings printed, not asserted).
+#[test]
+fn hostile_templates_are_refused_within_the_limits() {
+    let cases = [
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "exceeds its fuel of 20000000 instructions",
+        ),
+        (
+            "{% for i in range(100000) %}{{ 'x' * 10000 }}{% endfor %}",
+            "exceeds its output limit of 64 MiB",
+        ),
+        (
+            "{% macro down(n) %}{{ down(n + 1) }}{% endmacro %}{{ down(0) }}",
+            "exceeds its recursion depth of 100",
+        ),
+        ("{{ 'x' * 1000000000 }}", "repeated string is too large"),
+    ];
+    for (source, expected) in cases {
+        let started = std::time::Instant::now();
+        let err = render(source).unwrap_err().to_string();
+        eprintln!("{source}: refused in {:.2?}", started.elapsed());
+        assert!(err.contains(expected), "{source}: {err}");
+        assert!(err.starts_with("chat template from test.jinja"), "{err}");
+    }
+}
