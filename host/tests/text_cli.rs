@@ -260,3 +260,85 @@ fn a_chat_template_that_never_ends_is_refused_naming_the_model() {
         "{stderr}"
     );
 }
+
+/// GGUF headers that claim more than their file holds (a string of 2^60 bytes, a billion
+/// tensors, a shape whose product overflows) are refused naming the problem, by a process
+/// capped at 4 GiB of address space: an error and exit status 1, never an allocation abort.
+#[test]
+fn hostile_gguf_headers_are_refused_within_a_memory_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = |tensors: u64, kv: &[u8], infos: &[u8]| -> Vec<u8> {
+        let pairs = u64::from(!kv.is_empty());
+        [
+            b"GGUF",
+            &3u32.to_le_bytes()[..],
+            &tensors.to_le_bytes(),
+            &pairs.to_le_bytes(),
+            kv,
+            infos,
+        ]
+        .concat()
+    };
+    let string = |s: &str| [&(s.len() as u64).to_le_bytes()[..], s.as_bytes()].concat();
+    let arch = [
+        string("general.architecture"),
+        8u32.to_le_bytes().to_vec(),
+        string("llama"),
+    ]
+    .concat();
+    let huge = [
+        string("general.architecture"),
+        8u32.to_le_bytes().to_vec(),
+        (1u64 << 60).to_le_bytes().to_vec(),
+    ]
+    .concat();
+    let overflow = [
+        string("w"),
+        2u32.to_le_bytes().to_vec(),
+        (1u64 << 40).to_le_bytes().to_vec(),
+        (1u64 << 40).to_le_bytes().to_vec(),
+        0u32.to_le_bytes().to_vec(),
+        0u64.to_le_bytes().to_vec(),
+    ]
+    .concat();
+    let cases = [
+        (
+            "huge.gguf",
+            header(0, &huge, &[]),
+            "string length 1152921504606846976 exceeds the GGUF file",
+        ),
+        (
+            "billion.gguf",
+            header(1_000_000_000, &arch, &[]),
+            "declares 1000000000 tensors",
+        ),
+        (
+            "overflow.gguf",
+            header(1, &arch, &overflow),
+            "tensor `w`: shape [1099511627776, 1099511627776]",
+        ),
+    ];
+    for (name, bytes, expected) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let config = dir.path().join(format!("{name}.toml"));
+        let toml = format!(
+            "[backend]\nkind = \"candle\"\nmodel_id = {:?}\n",
+            path.to_str().unwrap()
+        );
+        std::fs::write(&config, toml).unwrap();
+        let output = Command::new("bash")
+            .arg("-c")
+            .arg(r#"ulimit -v 4194304; exec "$0" -q generate --prompt hi --config "$1""#)
+            .arg(env!("CARGO_BIN_EXE_lmhost"))
+            .arg(&config)
+            .output()
+            .expect("bash runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains(expected),
+            "{name}: {stderr}"
+        );
+    }
+}

@@ -3,9 +3,11 @@
 //! Tokenizers, chat templates and model hyper-parameters all live in a GGUF file's key/value
 //! section, so a text front end needs no tensor code to read them. The layout follows ggml's
 //! `gguf.cpp` (<https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>): magic `GGUF`,
-//! version 2 or 3, tensor count, kv count, then the pairs, all little-endian. Lengths read from
-//! the file are checked against what is left of it, so a hostile file cannot make the reader
-//! allocate more than the file holds.
+//! version 2 or 3, tensor count, kv count, then the pairs, then each tensor's name, shape, type
+//! and offset, all little-endian. Lengths and counts read from the file are checked against what
+//! is left of it, values are capped in number, and shapes must not overflow, so a hostile header
+//! cannot make the reader (or a loader that reads the file after it) allocate more than the
+//! file holds.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,6 +16,17 @@ use std::path::{Path, PathBuf};
 
 /// How deep arrays of arrays may nest; real files use one level.
 const MAX_DEPTH: usize = 8;
+
+/// How many values (array elements included) the metadata may hold: each costs 32 bytes in
+/// memory however few it takes in the file, so this bounds the reader at 512 MiB. The largest
+/// real vocabularies (262,144 tokens, with scores, types and merges) hold under 2 million.
+const MAX_VALUES: u64 = 16 << 20;
+
+/// ggml's `GGML_MAX_DIMS`.
+const MAX_DIMS: u32 = 4;
+
+/// The fewest bytes a tensor's header entry takes: name length, dimension count, type, offset.
+const MIN_TENSOR_ENTRY: u64 = 8 + 4 + 4 + 8;
 
 /// One GGUF metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,9 +98,9 @@ pub enum GgufError {
     Magic { found: String },
     #[error("unsupported GGUF version {found}, expected 2 or 3")]
     Version { found: u32 },
-    #[error("the file ends early, while reading {what}")]
+    #[error("the GGUF file ends early, while reading {what}")]
     Truncated { what: String },
-    #[error("key `{key}`: {what} length {len} exceeds the file ({left} bytes left)")]
+    #[error("key `{key}`: {what} length {len} exceeds the GGUF file ({left} bytes left)")]
     TooLong {
         key: String,
         what: &'static str,
@@ -100,6 +113,14 @@ pub enum GgufError {
     Nesting { key: String },
     #[error("key `{key}`: a string that is not UTF-8")]
     Utf8 { key: String },
+    #[error("the metadata holds more than {MAX_VALUES} values")]
+    TooManyValues,
+    #[error(
+        "the header declares {count} tensors, more than the file's {left} bytes left can describe"
+    )]
+    TooManyTensors { count: u64, left: u64 },
+    #[error("tensor `{name}`: {problem}")]
+    Tensor { name: String, problem: String },
     #[error("reading the file: {0}")]
     Io(#[from] io::Error),
     #[error("{path}: {source}")]
@@ -110,12 +131,30 @@ pub enum GgufError {
     },
 }
 
-/// The key/value metadata of a GGUF file.
+/// The key/value metadata of a GGUF file, and its tensors' headers.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metadata {
     version: u32,
     tensor_count: u64,
     values: HashMap<String, Value>,
+    tensors: Vec<TensorHeader>,
+}
+
+/// One tensor's entry in the header: its name, shape (ggml order, fastest-varying first), ggml
+/// type id and offset from the start of the data section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorHeader {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    pub offset: u64,
+}
+
+impl TensorHeader {
+    /// How many elements the shape holds (it was checked not to overflow).
+    pub fn elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
 }
 
 impl Metadata {
@@ -143,7 +182,13 @@ impl Metadata {
             version: 3,
             tensor_count: 0,
             values: pairs.into_iter().collect(),
+            tensors: Vec::new(),
         }
+    }
+
+    /// The tensors' headers, in file order.
+    pub fn tensors(&self) -> &[TensorHeader] {
+        &self.tensors
     }
 
     /// The GGUF version of the file (2 or 3).
@@ -209,11 +254,17 @@ impl Metadata {
 struct Reader<R> {
     inner: R,
     left: u64,
+    /// Values the metadata may still hold ([`MAX_VALUES`]).
+    values_left: u64,
 }
 
 impl<R: Read> Reader<R> {
     fn new(inner: R, len: u64) -> Self {
-        Reader { inner, left: len }
+        Reader {
+            inner,
+            left: len,
+            values_left: MAX_VALUES,
+        }
     }
 
     fn metadata(&mut self) -> Result<Metadata, GgufError> {
@@ -236,10 +287,59 @@ impl<R: Read> Reader<R> {
             let value = self.value(&key, ty, 0)?;
             values.insert(key, value);
         }
+        if tensor_count > self.left / MIN_TENSOR_ENTRY {
+            return Err(GgufError::TooManyTensors {
+                count: tensor_count,
+                left: self.left,
+            });
+        }
+        let tensors = (0..tensor_count)
+            .map(|index| self.tensor(index))
+            .collect::<Result<_, _>>()?;
         Ok(Metadata {
             version,
             tensor_count,
             values,
+            tensors,
+        })
+    }
+
+    /// Tensor `index`'s header entry: at most [`MAX_DIMS`] dimensions whose product fits in a
+    /// `u64`.
+    fn tensor(&mut self, index: u64) -> Result<TensorHeader, GgufError> {
+        let name = self.string(&format!("tensor #{index}"), "name")?;
+        let n_dims = u32::from_le_bytes(self.bytes(|| format!("the dimensions of `{name}`"))?);
+        let problem = |problem: String| GgufError::Tensor {
+            name: name.clone(),
+            problem,
+        };
+        if n_dims > MAX_DIMS {
+            return Err(problem(format!(
+                "{n_dims} dimensions, expected at most {MAX_DIMS}"
+            )));
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(u64::from_le_bytes(
+                self.bytes(|| format!("the shape of `{name}`"))?,
+            ));
+        }
+        if dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .is_none()
+        {
+            return Err(problem(format!(
+                "shape {dims:?} holds more elements than a u64 counts"
+            )));
+        }
+        let ggml_type = u32::from_le_bytes(self.bytes(|| format!("the type of `{name}`"))?);
+        let offset = u64::from_le_bytes(self.bytes(|| format!("the offset of `{name}`"))?);
+        Ok(TensorHeader {
+            name,
+            dims,
+            ggml_type,
+            offset,
         })
     }
 
@@ -284,6 +384,7 @@ impl<R: Read> Reader<R> {
     }
 
     fn value(&mut self, key: &str, ty: u32, depth: usize) -> Result<Value, GgufError> {
+        self.values_left = (self.values_left.checked_sub(1)).ok_or(GgufError::TooManyValues)?;
         let what = || format!("the value of `{key}`");
         Ok(match ty {
             0 => Value::U8(u8::from_le_bytes(self.bytes(what)?)),
@@ -325,6 +426,9 @@ impl<R: Read> Reader<R> {
                 len,
                 left: self.left,
             });
+        }
+        if len > self.values_left {
+            return Err(GgufError::TooManyValues);
         }
         let mut items = Vec::with_capacity(len.min(1 << 16) as usize);
         for _ in 0..len {
@@ -396,14 +500,29 @@ pub(crate) mod write {
 
     /// A GGUF v3 file with no tensors and the given pairs.
     pub(crate) fn gguf(pairs: &[(&str, Value)]) -> Vec<u8> {
+        with_tensors(pairs, &[])
+    }
+
+    /// A GGUF v3 header with the given pairs and tensor entries `(name, dims, type, offset)`.
+    pub(crate) fn with_tensors(
+        pairs: &[(&str, Value)],
+        tensors: &[(&str, &[u64], u32, u64)],
+    ) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
-        out.extend(0u64.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
         out.extend((pairs.len() as u64).to_le_bytes());
         for (key, v) in pairs {
             string(&mut out, key);
             out.extend(type_id(v).to_le_bytes());
             value(&mut out, v);
+        }
+        for (name, dims, ty, offset) in tensors {
+            string(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+            out.extend(ty.to_le_bytes());
+            out.extend(offset.to_le_bytes());
         }
         out
     }
@@ -479,11 +598,79 @@ mod tests {
         std::fs::write(&path, &bytes).expect("write");
         let err = Metadata::read(&path).expect_err("too long").to_string();
         assert!(
-            err.contains("key `x`: string length 9000000000000000000 exceeds the file"),
+            err.contains("key `x`: string length 9000000000000000000 exceeds the GGUF file"),
             "{err}"
         );
         let err = Metadata::from_reader(&mut bytes.as_slice()).expect_err("truncated");
         assert!(err.to_string().contains("ends early"), "{err}");
+    }
+
+    /// Tensor entries read back; a header that declares a billion tensors, a name of 2^60
+    /// bytes, five dimensions or a shape whose product overflows is refused by name before
+    /// anything is allocated for it.
+    #[test]
+    fn tensor_headers_are_read_and_hostile_ones_refused() {
+        let pairs = [("general.architecture", Value::String("llama".into()))];
+        let ok = write::with_tensors(&pairs, &[("w", &[4, 2], 1, 64), ("b", &[4], 0, 0)]);
+        let meta = Metadata::from_reader(&mut ok.as_slice()).expect("valid header");
+        let w = &meta.tensors()[0];
+        assert_eq!(
+            (w.name.as_str(), &w.dims[..], w.ggml_type, w.offset),
+            ("w", &[4, 2][..], 1, 64)
+        );
+        assert_eq!((meta.tensors().len(), w.elements()), (2, 8));
+        let refused = |bytes: Vec<u8>| -> String {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let path = dir.path().join("hostile.gguf");
+            std::fs::write(&path, &bytes).expect("write");
+            Metadata::read(&path).expect_err("hostile").to_string()
+        };
+        let mut billion = write::with_tensors(&pairs, &[("w", &[4], 0, 0)]);
+        billion[8..16].copy_from_slice(&1_000_000_000u64.to_le_bytes());
+        let err = refused(billion);
+        assert!(
+            err.contains("declares 1000000000 tensors, more than the file's"),
+            "{err}"
+        );
+        let mut long_name = write::with_tensors(&pairs, &[("w", &[4], 0, 0)]);
+        let at = long_name.len() - (1 + 4 + 8 + 4 + 8) - 8;
+        long_name[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        let err = refused(long_name);
+        assert!(
+            err.contains("name length 1152921504606846976 exceeds the GGUF file"),
+            "{err}"
+        );
+        let err = refused(write::with_tensors(
+            &pairs,
+            &[("w", &[1, 1, 1, 1, 1], 0, 0)],
+        ));
+        assert!(
+            err.contains("tensor `w`: 5 dimensions, expected at most 4"),
+            "{err}"
+        );
+        let err = refused(write::with_tensors(
+            &pairs,
+            &[("w", &[1 << 40, 1 << 40], 0, 0)],
+        ));
+        assert!(
+            err.contains("tensor `w`: shape [1099511627776, 1099511627776] holds more elements"),
+            "{err}"
+        );
+    }
+
+    /// An array longer than the values the reader may hold is refused before its elements are
+    /// read, though the file holds its bytes.
+    #[test]
+    fn more_values_than_the_cap_are_refused() {
+        let mut bytes = gguf(&[("a", Value::Array(vec![Value::U8(1)]))]);
+        let at = bytes.len() - 1 - 8;
+        bytes[at..at + 8].copy_from_slice(&(MAX_VALUES + 1).to_le_bytes());
+        bytes.resize(bytes.len() + MAX_VALUES as usize, 0);
+        let err = Metadata::from_reader(&mut bytes.as_slice()).expect_err("too many");
+        assert!(
+            err.to_string().contains("more than 16777216 values"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -228,6 +228,18 @@ fn broken_files_are_unavailable_and_name_the_problem() {
         ),
         ("header.gguf", bytes[..64].to_vec(), "GGUF"),
         ("garbage.gguf", b"not a gguf at all".to_vec(), "GGUF"),
+        // The data section cut short: refused before a tensor is read into a buffer.
+        (
+            "short.gguf",
+            bytes[..bytes.len() - 100].to_vec(),
+            "past the end of the file",
+        ),
+        // A header that claims a billion tensors: refused before anything is allocated.
+        (
+            "billion.gguf",
+            [&bytes[..8], &1_000_000_000u64.to_le_bytes(), &bytes[16..]].concat(),
+            "declares 1000000000 tensors",
+        ),
     ];
     for (name, data, expect) in cases {
         let path = dir.path().join(name);
@@ -248,6 +260,49 @@ fn broken_files_are_unavailable_and_name_the_problem() {
     let missing = load_error(&dir.path().join("nope.gguf"), json!({}));
     assert_eq!(missing.kind, ErrorKind::BackendUnavailable);
     assert!(missing.message.contains("nope.gguf"), "{missing}");
+}
+
+/// A safetensors header that claims more than its file holds (a header of 2^60 bytes, a tensor
+/// of 2^80 elements, data past the end) is refused naming the file, before anything of that
+/// size is allocated.
+#[test]
+fn hostile_safetensors_headers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_safetensors(&dir.path().join("m"), DType::F32, 1);
+    let file = model.join("model.safetensors");
+    let header = |json: &str| {
+        [
+            &(json.len() as u64).to_le_bytes()[..],
+            json.as_bytes(),
+            &[0; 16],
+        ]
+        .concat()
+    };
+    let cases = [
+        (
+            [&(1u64 << 60).to_le_bytes()[..], b"{}"].concat(),
+            "header too large",
+        ),
+        (
+            header(
+                r#"{"w":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,16]}}"#,
+            ),
+            "overflow computing buffer size",
+        ),
+        (
+            header(r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,1000000000000]}}"#),
+            "invalid shape, data type, or offset",
+        ),
+    ];
+    for (bytes, expected) in cases {
+        std::fs::write(&file, &bytes).unwrap();
+        let err = load_error(&model, json!({}));
+        assert_eq!(err.kind, ErrorKind::BackendUnavailable, "{err}");
+        assert!(
+            err.message.contains("model.safetensors") && err.message.contains(expected),
+            "{err}"
+        );
+    }
 }
 
 #[test]

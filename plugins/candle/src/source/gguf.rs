@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
 
-use lmhost_plugin_kit::gguf::Metadata;
+use lmhost_plugin_kit::gguf::{GgufError, Metadata};
 use lmhost_plugin_kit::text::ModelText;
 
 use super::LoadedLm;
@@ -195,18 +195,28 @@ fn config(
 /// What prompting the model in a GGUF file needs, read from its metadata alone (the caller
 /// adds the path to an error).
 pub fn text(path: &Path) -> Result<ModelText, String> {
-    let meta = Metadata::read(path).map_err(|e| e.to_string())?;
+    let meta = Metadata::read(path).map_err(|e| match e {
+        GgufError::File { source, .. } => source.to_string(),
+        e => e.to_string(),
+    })?;
     ModelText::from_gguf(&meta)
 }
 
-/// Loads a GGUF file; every error names what was wrong (the caller adds the path).
+/// Loads a GGUF file; every error names what was wrong (the caller adds the path). lmhost's
+/// own reader checks the header first (counts, lengths and shapes within the file), so
+/// candle's, which allocates what the header says, only ever reads a sound one.
 pub fn load(path: &Path, mut build: BuildOptions) -> Result<LoadedLm, String> {
+    let text = text(path)?;
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let len = file
+        .metadata()
+        .map_err(|e| format!("cannot open: {e}"))?
+        .len();
     let mut reader = BufReader::new(file);
     let content =
         Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
+    check_extents(&content, len)?;
     let meta = &content.metadata;
-    let text = text(path)?;
     let vocab = text.tokenizer.vocab_size();
     let has_output = content.tensor_infos.contains_key("output.weight");
     let arch = architecture(meta)?;
@@ -323,6 +333,26 @@ fn gemma3_config(meta: &HashMap<String, Value>, vocab: usize) -> Result<Gemma3Co
 }
 
 /// What the file's tensors take, from the tensor list alone.
+/// Refuses a tensor whose data would lie past the end of the file (`len` bytes), before any is
+/// read into a buffer of the size its header claims.
+fn check_extents(content: &Content, len: u64) -> Result<(), String> {
+    for (name, info) in &content.tensor_infos {
+        let dtype = info.ggml_dtype;
+        let blocks = (info.shape.elem_count() / dtype.block_size()) as u128;
+        let end = u128::from(content.tensor_data_offset)
+            + u128::from(info.offset)
+            + blocks * dtype.type_size() as u128;
+        if end > u128::from(len) {
+            return Err(format!(
+                "tensor `{name}` ({:?}, {dtype:?}) would end at byte {end}, past the end of \
+                 the file ({len} bytes): the file is truncated or its header is corrupt",
+                info.shape.dims()
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn weight_bytes(content: &Content) -> WeightBytes {
     let mut bytes = WeightBytes::default();
     for info in content.tensor_infos.values() {

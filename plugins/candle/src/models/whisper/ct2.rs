@@ -136,11 +136,12 @@ fn parse(bytes: &[u8]) -> Result<(String, HashMap<String, Variable>), String> {
             dtype,
             &name,
         )?;
-        let expected: usize = dims.iter().product();
-        if values.len() != expected {
+        let expected = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if expected != Some(values.len()) {
             return Err(format!(
-                "variable `{name}` holds {} values but its dimensions {dims:?} need {expected}",
-                values.len()
+                "variable `{name}` holds {} values but its dimensions {dims:?} need {}",
+                values.len(),
+                expected.map_or("more than a usize counts".into(), |n| n.to_string())
             ));
         }
         vars.insert(name, Variable { dims, values });
@@ -459,5 +460,25 @@ mod tests {
         }
         let err = parse(b"GGUF\x03\x00\x00\x00").err().unwrap();
         assert!(err.contains("not a CTranslate2 model"), "{err}");
+    }
+
+    /// Dimensions whose product overflows are refused by name, not multiplied into a panic.
+    #[test]
+    fn overflowing_dimensions_are_refused() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&6u32.to_le_bytes());
+        string(&mut b, "WhisperSpec");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        string(&mut b, "w");
+        b.push(3);
+        [u32::MAX; 3]
+            .iter()
+            .for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+        b.push(0);
+        b.extend_from_slice(&4u32.to_le_bytes());
+        b.extend_from_slice(&1f32.to_le_bytes());
+        let err = parse(&b).err().unwrap();
+        assert!(err.contains("need more than a usize counts"), "{err}");
     }
 }
