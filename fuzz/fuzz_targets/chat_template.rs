@@ -1,0 +1,24 @@
+//! An arbitrary chat template rendered over an arbitrary conversation (the input up to its
+//! first NUL is the template, the rest its messages, split at each byte 1): an error or a
+//! prompt, within the render limits.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use lmhost_plugin_kit::template::{ChatMessage, ChatTemplate};
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    let (source, rest) = text.split_once('\0').unwrap_or((&text, "Hello!\u{1}Hi."));
+    let Ok(template) = ChatTemplate::new(source, "fuzz") else {
+        return;
+    };
+    let template = template.with_special_tokens(Some("<s>".into()), Some("</s>".into()));
+    let roles = ["system", "user", "assistant"];
+    let messages: Vec<ChatMessage> = (rest.split('\u{1}').enumerate())
+        .map(|(i, content)| ChatMessage {
+            role: roles[i % roles.len()],
+            content: content.into(),
+        })
+        .collect();
+    let _ = template.render(&messages, true);
+});
