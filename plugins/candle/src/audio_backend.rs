@@ -502,7 +502,9 @@ fn encoder_positions(clips: &[Clip], hidden: &[&AudioSpan], positions: usize) ->
         };
         let a = clip.start + to_16k(span.start, clip.rate, false).min(clip.len);
         let b = clip.start + to_16k(span.end, clip.rate, true).min(clip.len);
-        let covered = a / per_position..b.div_ceil(per_position).min(positions);
+        // A stretch given backwards (the host refuses one; a library caller may not) is empty.
+        let end = b.div_ceil(per_position).min(positions);
+        let covered = (a / per_position).min(end)..end;
         out[covered].iter_mut().for_each(|h| *h = true);
     }
     out
