@@ -112,23 +112,20 @@ pub fn check_backend(
     conversation: &ConversationSnapshot,
     caps: &Capabilities,
 ) -> Result<(), ExplainError> {
-    let any = |image: bool| {
-        (conversation.messages()).any(|m| if image { m.has_images() } else { m.has_audio() })
-    };
     let refuse = |setting: String, needs: &str| {
         Err(ExplainError::Setting {
             setting,
             needs: needs.into(),
         })
     };
-    if spec.images != ImagePlayers::Whole && any(true) && !caps.image_input {
+    if spec.images != ImagePlayers::Whole && conversation.has_images() && !caps.image_input {
         let setting = format!("image_players = \"{}\"", spec.images);
         return refuse(
             setting,
             "sees images (candle with Gemma 3 or SmolVLM, or mock)",
         );
     }
-    if spec.audio != AudioPlayers::Whole && any(false) && !caps.audio_input {
+    if spec.audio != AudioPlayers::Whole && conversation.has_audio() && !caps.audio_input {
         let setting = format!("audio_players = \"{}\"", spec.audio);
         return refuse(setting, "hears audio (candle with Whisper, or mock)");
     }
@@ -244,7 +241,7 @@ pub fn inner_pieces(
     let part = whole.part();
     match &message.parts[part] {
         Part::Image { image } => {
-            let index = image_index(message, part);
+            let index = kind_index(message, part);
             region_pieces(image, (global, part, index), spec).unwrap_or_default()
         }
         Part::Audio { .. } => {
@@ -261,17 +258,14 @@ pub fn inner_pieces(
     }
 }
 
-/// Which of `message`'s images part `part` is: the images before it.
-pub fn image_index(message: &Message, part: usize) -> usize {
-    (message.parts.iter().take(part))
-        .filter(|p| matches!(p, Part::Image { .. }))
-        .count()
-}
-
-/// Which audio clip of its message part `part` is (counting the message's audio parts).
-pub fn audio_index(message: &Message, part: usize) -> usize {
-    (message.parts.iter().take(part))
-        .filter(|p| matches!(p, Part::Audio { .. }))
+/// Which of `message`'s parts of its kind part `part` is (image 0, 1, ... or clip 0, 1, ...):
+/// the parts of that kind before it, as the plugin API's `ImageBox` and `AudioSpan` count.
+pub fn kind_index(message: &Message, part: usize) -> usize {
+    let Some(kind) = message.parts.get(part).map(std::mem::discriminant) else {
+        return 0;
+    };
+    (message.parts[..part].iter())
+        .filter(|p| std::mem::discriminant(*p) == kind)
         .count()
 }
 

@@ -332,55 +332,21 @@ impl Players {
     /// text players, whole.
     pub fn hidden_parts(&self) -> HiddenParts {
         let mut parts = Hideable::default();
-        let mut of_player = Vec::with_capacity(self.players.len());
-        let mut groups = Vec::new();
         let messages: Vec<&Message> = self.conversation.messages().collect();
-        for (i, p) in self.players.iter().enumerate() {
-            let message = p.message as u32;
-            of_player.push(match &p.piece {
-                None => {
-                    let (start, end) = (p.span.start as u32, p.span.end as u32);
-                    parts.spans.push(TextSpan {
-                        message,
-                        start,
-                        end,
-                    });
-                    PartOf::Span(parts.spans.len() - 1)
-                }
-                Some(Piece::Region { part, bounds, .. }) => {
-                    let image = media::image_index(messages[p.message], *part) as u32;
-                    let bounds = *bounds;
-                    parts.boxes.push(ImageBox {
-                        message,
-                        image,
-                        bounds,
-                    });
-                    PartOf::Box(parts.boxes.len() - 1)
-                }
-                Some(Piece::Segment { part, samples, .. }) => {
-                    parts.clips.push(AudioSpan {
-                        message,
-                        audio: media::audio_index(messages[p.message], *part) as u32,
-                        start: samples.start as u32,
-                        end: samples.end as u32,
-                    });
-                    PartOf::Clip(parts.clips.len() - 1)
-                }
-            });
-            let last_of_message = self
-                .players
-                .get(i + 1)
-                .is_none_or(|q| q.message != p.message);
-            if last_of_message {
-                let mine: Vec<usize> = (0..=i)
-                    .rev()
-                    .take_while(|&k| self.players[k].message == p.message)
-                    .collect();
-                if mine.iter().all(|&k| self.players[k].piece.is_none()) {
-                    let whole = whole_media(messages[p.message], message, &mut parts);
-                    if !whole.is_empty() {
-                        groups.push((mine.iter().map(|&k| k as u32).collect(), whole));
-                    }
+        let of_player: Vec<PartOf> = (self.players.iter())
+            .map(|p| own_part(p, messages[p.message], &mut parts))
+            .collect();
+        // A message's players are consecutive; where all are text, its media go with them.
+        let mut groups = Vec::new();
+        let mut first = 0;
+        for mine in self.players.chunk_by(|a, b| a.message == b.message) {
+            let players = first..first + mine.len();
+            first = players.end;
+            if mine.iter().all(|p| p.piece.is_none()) {
+                let message = mine[0].message;
+                let whole = add_whole_media(messages[message], message as u32, &mut parts);
+                if !whole.is_empty() {
+                    groups.push((players.map(|k| k as u32).collect(), whole));
                 }
             }
         }
@@ -412,8 +378,41 @@ impl Players {
     }
 }
 
-/// Every image and audio clip of `message` (number `message`) whole, added to `parts`.
-fn whole_media(message: &Message, global: u32, parts: &mut Hideable) -> Vec<PartOf> {
+/// Where player `p` (of `message`) lies, added to `parts`: its text span, its image box or its
+/// stretch of audio.
+fn own_part(p: &Player, message: &Message, parts: &mut Hideable) -> PartOf {
+    let global = p.message as u32;
+    match &p.piece {
+        None => {
+            parts.spans.push(TextSpan {
+                message: global,
+                start: p.span.start as u32,
+                end: p.span.end as u32,
+            });
+            PartOf::Span(parts.spans.len() - 1)
+        }
+        Some(Piece::Region { part, bounds, .. }) => {
+            parts.boxes.push(ImageBox {
+                message: global,
+                image: media::kind_index(message, *part) as u32,
+                bounds: *bounds,
+            });
+            PartOf::Box(parts.boxes.len() - 1)
+        }
+        Some(Piece::Segment { part, samples, .. }) => {
+            parts.clips.push(AudioSpan {
+                message: global,
+                audio: media::kind_index(message, *part) as u32,
+                start: samples.start as u32,
+                end: samples.end as u32,
+            });
+            PartOf::Clip(parts.clips.len() - 1)
+        }
+    }
+}
+
+/// Every image and audio clip of `message` (number `global`) whole, added to `parts`.
+fn add_whole_media(message: &Message, global: u32, parts: &mut Hideable) -> Vec<PartOf> {
     let (mut images, mut clips) = (0, 0);
     let mut out = Vec::new();
     for part in message.parts.iter() {
