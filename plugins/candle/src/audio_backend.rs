@@ -16,7 +16,7 @@ use candle_core::{DType, Tensor};
 use lmhost_plugin_api::abi_stable::std_types::{ROption, RString, RVec};
 use lmhost_plugin_api::{
     lock_or_reset, AudioSpan, Capabilities, ConversationSnapshot, GenerationConfig,
-    GenerationRecord, Hideable, Part, PluginError, ScoreRecord,
+    GenerationRecord, Hideable, Part, PluginError, ScoreRecord, TextSpan,
 };
 use serde_json::{Map, Value};
 
@@ -29,8 +29,8 @@ use crate::processor::WhisperProcessor;
 const ENCODER_CACHE_ENTRIES: usize = 4;
 /// Identifies an audio: a hash of its 16 kHz samples and their count.
 type AudioKey = (u64, usize);
-/// Where a context token's text comes from: `(message, byte of its text_content)` per byte.
-type Origin = Vec<(u32, usize)>;
+/// Token ids, each with its byte range in the text they came from.
+type TokensAt = (Vec<u32>, Vec<(usize, usize)>);
 /// A static and a contextual embedding.
 type Embeddings = (ROption<RVec<f32>>, ROption<RVec<f32>>);
 
@@ -88,9 +88,9 @@ struct Prompt {
     previous: Vec<u32>,
     /// Where each audio part lies in `samples`, in conversation order.
     clips: Vec<Clip>,
-    /// Per token of `previous`, the bytes of message text it spells, as `(message, byte of its
-    /// text_content)`.
-    origins: Vec<Origin>,
+    /// The text `previous` was tokenised from, and each of its tokens' byte range there.
+    context: Context,
+    offsets: Vec<(usize, usize)>,
 }
 
 /// Audio part `audio` of message `message`, at `rate` Hz, starting at 16 kHz sample `start`
@@ -125,6 +125,14 @@ impl Context {
         self.text.push_str(trimmed);
         self.origin
             .extend((0..trimmed.len()).map(|k| Some((message, at + lead + k))));
+    }
+
+    /// Whether bytes `start..end` of the context spell some of a hidden span.
+    fn spells(&self, (start, end): (usize, usize), hidden: &[&TextSpan]) -> bool {
+        let bytes = self.origin.get(start..end.min(self.origin.len()));
+        (bytes.unwrap_or_default().iter().flatten()).any(|&(m, b)| {
+            (hidden.iter()).any(|s| s.message == m && (s.start as usize) <= b && b < s.end as usize)
+        })
     }
 }
 
@@ -236,18 +244,19 @@ impl AudioBackend {
                 self.model_id
             )));
         }
-        let (previous, origins) = self.previous_text(&context)?;
+        let (previous, offsets) = self.previous_text(&context)?;
         Ok(Prompt {
             samples,
             previous,
             clips,
-            origins,
+            context,
+            offsets,
         })
     }
 
     /// Tokens of the context text, keeping the last half-context as Whisper does, each with
-    /// the message bytes it spells.
-    fn previous_text(&self, context: &Context) -> Result<(Vec<u32>, Vec<Origin>), PluginError> {
+    /// its byte range in the text.
+    fn previous_text(&self, context: &Context) -> Result<TokensAt, PluginError> {
         if context.text.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -256,18 +265,10 @@ impl AudioBackend {
             .map_err(|e| PluginError::invalid_input(format!("cannot tokenize text parts: {e}")))?;
         let keep = self.loaded.model.config.max_target_positions / 2 - 1;
         let from = encoding.get_ids().len().saturating_sub(keep);
-        let origins = (encoding.get_offsets()[from..].iter())
-            .map(|&(a, b)| {
-                let bytes = context.origin.get(a..b.min(context.origin.len()));
-                bytes
-                    .unwrap_or_default()
-                    .iter()
-                    .flatten()
-                    .copied()
-                    .collect()
-            })
-            .collect();
-        Ok((encoding.get_ids()[from..].to_vec(), origins))
+        Ok((
+            encoding.get_ids()[from..].to_vec(),
+            encoding.get_offsets()[from..].to_vec(),
+        ))
     }
 
     /// The encoded windows of `samples`, from the cache when this audio was seen.
@@ -413,14 +414,8 @@ impl AudioBackend {
                     false => cross.clone(),
                 };
                 // `<|startofprev|>` is position 0; the context's tokens follow it.
-                let read = (prompt.origins.iter().enumerate())
-                    .filter(|(_, bytes)| {
-                        bytes.iter().any(|&(m, b)| {
-                            (hidden.spans.iter()).any(|s| {
-                                s.message == m && (s.start as usize) <= b && b < s.end as usize
-                            })
-                        })
-                    })
+                let read = (prompt.offsets.iter().enumerate())
+                    .filter(|(_, &at)| prompt.context.spells(at, &hidden.spans))
                     .map(|(i, _)| i + 1)
                     .collect::<Vec<usize>>();
                 self.scored(&prompt, ids.clone(), &cross, &read)

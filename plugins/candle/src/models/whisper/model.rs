@@ -232,24 +232,20 @@ impl CrossKv {
     /// of its own).
     pub fn hiding(&self, hidden: &[bool]) -> Result<CrossKv> {
         let positions = self.positions()?;
-        if hidden.len() != positions {
+        let Some((k, _)) = self.layers.first().filter(|_| hidden.len() == positions) else {
             candle_core::bail!(
-                "{} hidden flags for {positions} encoder positions",
-                hidden.len()
+                "{} hidden flags for {positions} encoder positions in {} layers",
+                hidden.len(),
+                self.layers.len()
             );
-        }
+        };
         let mask: Vec<f32> = (hidden.iter())
             .map(|&h| if h { f32::NEG_INFINITY } else { 0.0 })
             .collect();
-        let dtype = self
-            .layers
-            .first()
-            .map_or(candle_core::DType::F32, |(k, _)| k.dtype());
-        let device = self.layers.first().map(|(k, _)| k.device().clone());
-        let device = device.unwrap_or(candle_core::Device::Cpu);
+        let mask = Tensor::from_vec(mask, (1, positions), k.device())?.to_dtype(k.dtype())?;
         Ok(CrossKv {
             layers: self.layers.clone(),
-            mask: Some(Tensor::from_vec(mask, (1, positions), &device)?.to_dtype(dtype)?),
+            mask: Some(mask),
             deaf: hidden.iter().all(|&h| h),
         })
     }
