@@ -259,7 +259,13 @@ impl Mock {
         };
         let mut words = Vec::new();
         let mut finish_reason = FinishReason::Eos;
-        for i in 0..self.reply_words {
+        // An empty prompt gives no words to draw on: the reply ends at once.
+        let reply_words = if content.is_empty() {
+            0
+        } else {
+            self.reply_words
+        };
+        for i in 0..reply_words {
             if words.len() == config.max_new_tokens as usize {
                 finish_reason = FinishReason::Length;
                 break;
@@ -312,7 +318,7 @@ impl Mock {
             .take_while(|(a, b)| a == b)
             .count();
         let cached = if state.cache_enabled {
-            shared.min(ids.len() - 1)
+            shared.min(ids.len().saturating_sub(1))
         } else {
             0
         };
@@ -555,5 +561,34 @@ mod tests {
         let whole = continuation_logprobs(&words("red"), &words("green red red"));
         let tail = continuation_logprobs(&words("red green"), &words("red red"));
         assert_eq!(&whole[1..], tail.as_slice());
+    }
+
+    fn mock() -> Mock {
+        Mock {
+            model_id: "m".into(),
+            reply_words: 2,
+            latency: Duration::ZERO,
+            token_latency: Duration::ZERO,
+            state: Mutex::new(State {
+                cache_enabled: true,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// An empty prompt has no token to keep out of the cache, and no word to reply with.
+    #[test]
+    fn an_empty_prompt_gets_an_empty_reply() {
+        let mock = mock();
+        let (record, words) = mock
+            .reply(&ConversationSnapshot::raw(""), &GenerationConfig::default())
+            .unwrap();
+        assert!(words.is_empty());
+        assert_eq!(record.finish_reason, FinishReason::Eos);
+        assert_eq!(mock.run_prompt(&[]), 0);
+        assert_eq!(mock.run_prompt(&[]), 0);
+        let words = ["a".to_string(), "b".to_string()];
+        mock.run_prompt(&words);
+        assert_eq!(mock.run_prompt(&words), 1);
     }
 }
