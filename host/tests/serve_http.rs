@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{get, post, post_with, TestServer, MODEL};
+use common::{get, get_with, post, post_with, TestServer, MODEL};
 use lmhost::ConversationSnapshot;
 use serde_json::{json, Value};
 
@@ -270,6 +270,7 @@ fn malformed_requests_get_openai_errors_naming_the_field() {
     let server = TestServer::mock(0, |_| {});
     let chat = server.url("/v1/chat/completions");
     let completions = server.url("/v1/completions");
+    let detokenize = server.url("/detokenize");
     let user = json!([{"role": "user", "content": "hi"}]);
     let cases: Vec<(&str, String, u16, &str)> = vec![
         (&chat, "{\"model\": ".into(), 400, "body"),
@@ -384,6 +385,9 @@ fn malformed_requests_get_openai_errors_naming_the_field() {
             400,
             "prompt",
         ),
+        (&chat, json!({"": 1}).to_string(), 400, "body"),
+        // What the backend cannot do at all is the served model's limit.
+        (&detokenize, json!({"tokens": [1]}).to_string(), 400, "model"),
     ];
     for (url, body, status, param) in cases {
         let answer = post(url, &body);
@@ -436,12 +440,18 @@ fn image_urls_are_read_inline_and_web_urls_are_refused_by_name() {
 }
 
 #[test]
-fn oversized_bodies_and_unknown_routes_get_error_bodies() {
+fn oversized_bodies_unknown_routes_and_methods_get_error_bodies() {
     let server = TestServer::mock(0, |o| o.body_limit = 1024);
     let big = chat_body(&"word ".repeat(1000), json!({}));
     let answer = post(&server.url("/v1/chat/completions"), &big);
     assert_eq!(answer.status, 413, "{}", answer.body);
     assert!(answer.json()["error"]["message"].is_string());
+    let answer = get(&server.url("/v1/chat/completions"));
+    assert_eq!(answer.status, 405);
+    assert!(answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("GET /v1/chat/completions"));
     let answer = get(&server.url("/v2/nothing"));
     assert_eq!(answer.status, 404);
     assert!(answer.json()["error"]["message"]
@@ -450,18 +460,90 @@ fn oversized_bodies_and_unknown_routes_get_error_bodies() {
         .contains("/v2/nothing"));
 }
 
+/// Every route the OpenAPI document lists, and the document itself, refuses a missing or
+/// wrong key; `/health` alone answers without one.
 #[test]
-fn bearer_auth_guards_everything_but_health() {
-    let server = TestServer::mock(0, |o| o.api_key = Some("s3cret".into()));
-    let url = server.url("/v1/chat/completions");
+fn bearer_auth_guards_every_route_but_health() {
+    let key = "s3cret";
+    let server = TestServer::mock(0, |o| o.api_key = Some(key.into()));
+    let document = get_with(&server.url("/openapi.json"), Some(key)).json();
+    let mut routes: Vec<(String, String)> = document["paths"]
+        .as_object()
+        .expect("the document has paths")
+        .iter()
+        .flat_map(|(path, item)| {
+            let methods = item.as_object().expect("a path item is an object");
+            methods.keys().map(move |m| (path.clone(), m.clone()))
+        })
+        .collect();
+    assert!(routes.len() >= 9, "{routes:?}");
+    routes.push(("/openapi.json".into(), "get".into()));
     let body = chat_body("hello", json!({}));
-    assert_eq!(post(&url, &body).status, 401);
-    let wrong = post_with(&url, &body, Some("guess"));
-    assert_eq!(wrong.status, 401);
-    assert_eq!(wrong.json()["error"]["code"], "invalid_api_key");
-    assert_eq!(post_with(&url, &body, Some("s3cret")).status, 200);
-    assert_eq!(get(&server.url("/health")).status, 200);
-    assert_eq!(get(&server.url("/v1/models")).status, 401);
+    let call = |path: &str, method: &str, bearer: Option<&str>| match method {
+        "post" => post_with(&server.url(path), &body, bearer),
+        _ => get_with(&server.url(path), bearer),
+    };
+    for (path, method) in &routes {
+        let open = call(path, method, None);
+        if path == "/health" {
+            assert_eq!(open.status, 200, "{path}");
+            assert!(document["paths"][path][method].get("security").is_none());
+            continue;
+        }
+        assert_eq!(open.status, 401, "{method} {path} without a key");
+        let wrong = call(path, method, Some("s3cre7"));
+        assert_eq!(wrong.status, 401, "{method} {path} with a wrong key");
+        assert_eq!(wrong.json()["error"]["code"], "invalid_api_key");
+        assert_ne!(call(path, method, Some(key)).status, 401, "{method} {path}");
+    }
+    let chat = &document["paths"]["/v1/chat/completions"]["post"];
+    assert_eq!(chat["security"], json!([{"bearer": []}]));
+    assert!(chat["responses"]["401"].is_object());
+}
+
+/// The document describes the server it came from: every routed operation, the served model
+/// as the only `model` a request may name, the errors with their body.
+#[test]
+fn the_openapi_document_lists_every_route_and_the_served_model() {
+    let server = TestServer::mock(0, |_| {});
+    let answer = get(&server.url("/openapi.json"));
+    assert_eq!(answer.status, 200);
+    let document = answer.json();
+    assert!(document["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = document["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/chat/completions", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/embeddings", "post"),
+        ("/v1/models", "get"),
+        ("/tokenize", "post"),
+        ("/detokenize", "post"),
+        ("/props", "get"),
+        ("/metrics", "get"),
+        ("/health", "get"),
+    ] {
+        let operation = &paths[path][method];
+        assert!(operation["responses"]["200"].is_object(), "{method} {path}");
+        if method == "post" {
+            assert_eq!(
+                operation["responses"]["400"]["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/ErrorBody"
+            );
+        }
+    }
+    let schemas = &document["components"]["schemas"];
+    assert_eq!(
+        schemas["ChatRequest"]["properties"]["model"]["enum"],
+        json!([MODEL])
+    );
+    assert_eq!(
+        schemas["TokenizeRequest"]["properties"]["model"]["enum"],
+        json!([MODEL, null])
+    );
+    assert_eq!(schemas["ChatRequest"]["additionalProperties"], false);
+    assert!(document["components"].get("securitySchemes").is_none());
+    let streamed = &paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"];
+    assert!(streamed["text/event-stream"].is_object());
 }
 
 #[test]

@@ -15,7 +15,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let bytes = Bytes::from_request(req, state)
             .await
-            .map_err(|e| ApiError::body(e.status(), e.body_text()))?;
+            .map_err(|e| ApiError {
+                param: Some("body".into()),
+                ..ApiError::body(e.status(), e.body_text())
+            })?;
         parse(&bytes).map(JsonBody)
     }
 }
@@ -36,6 +39,12 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             Some(field) if path == field || path.ends_with(&format!(".{field}")) => path,
             Some(field) => format!("{path}.{field}"),
             None => path,
+        };
+        // A field named "" (or at the top) has no path to show; the body is at fault.
+        let param = if param.is_empty() || param == "." {
+            "body".to_string()
+        } else {
+            param
         };
         ApiError::invalid(param.clone(), format!("`{param}`: {message}"))
     })?;

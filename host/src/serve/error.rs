@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lmhost_plugin_api::ErrorKind;
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::error::Error;
 
@@ -99,6 +100,15 @@ impl ApiError {
     pub fn unsupported(param: &str, message: impl Into<String>) -> Self {
         Self::invalid(param, message)
     }
+
+    /// Names `field` as the one at fault in a `400` that names none: the backend refused the
+    /// input that field held.
+    pub fn about(mut self, field: &str) -> Self {
+        if self.param.is_none() && self.status == StatusCode::BAD_REQUEST {
+            self.param = Some(field.to_string());
+        }
+        self
+    }
 }
 
 /// Backend errors keep their stable kind: bad input is the client's fault, an unavailable
@@ -111,7 +121,9 @@ impl From<Error> for ApiError {
                 code: Some("invalid_input"),
                 ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
             },
+            // What the backend cannot do at all is the served model's limit.
             Some(ErrorKind::Unsupported) => ApiError {
+                param: Some("model".into()),
                 code: Some("unsupported"),
                 ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
             },
@@ -124,25 +136,28 @@ impl From<Error> for ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
+/// Every error's body, in OpenAI's shape.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
 }
 
-#[derive(Serialize)]
-struct Inner<'a> {
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail<'a> {
     message: &'a str,
+    /// `invalid_request_error` (the client's fault) or `server_error`.
     #[serde(rename = "type")]
     kind: &'a str,
+    /// The request field at fault, as a path (`messages[0].role`).
     param: Option<&'a str>,
     code: Option<&'a str>,
 }
 
 impl ApiError {
     /// The JSON body: `{"error": {...}}`.
-    fn json(&self) -> Body<'_> {
-        Body {
-            error: Inner {
+    fn json(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
                 message: &self.message,
                 kind: self.kind,
                 param: self.param.as_deref(),

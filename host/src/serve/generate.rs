@@ -24,6 +24,11 @@ use super::wire::{
 };
 use crate::ConversationSnapshot;
 
+/// A chat completion: the messages go through the model's chat template.
+#[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest,
+    responses((status = 200,
+        description = "The completion; with `stream`, `chat.completion.chunk` server-sent events",
+        content((ChatCompletion = "application/json"), (String = "text/event-stream")))))]
 pub(super) async fn chat(
     state: Shared,
     JsonBody(request): JsonBody<ChatRequest>,
@@ -69,7 +74,7 @@ pub(super) async fn chat(
         let mut events = stream_events(&state, snapshot, config);
         // A request refused or failed before its first token gets an HTTP error, not a stream.
         let first = match events.recv().await {
-            Some(Event::Done(Err(e))) => return Err(e),
+            Some(Event::Done(Err(e))) => return Err(e.about("messages")),
             Some(event) => event,
             None => return Err(ApiError::internal("the generation ended without a result")),
         };
@@ -87,7 +92,9 @@ pub(super) async fn chat(
         };
         return Ok(stream.into_response());
     }
-    let record = generate(&state, snapshot, config).await?;
+    let record = generate(&state, snapshot, config)
+        .await
+        .map_err(|e| e.about("messages"))?;
     let usage = Usage::of(&record);
     let logprobs = request.logprobs.unwrap_or(false).then(|| ChoiceLogprobs {
         content: record
@@ -121,6 +128,10 @@ pub(super) async fn chat(
 
 /// Text completions: the prompt is raw text, given to the model literally (no chat template).
 /// With `echo`, the prompt's own tokens are scored instead of generating (see [`super::echo`]).
+#[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest,
+    responses((status = 200,
+        description = "The completion; with `stream`, `text_completion` server-sent events",
+        content((Completion = "application/json"), (String = "text/event-stream")))))]
 pub(super) async fn completions(
     state: Shared,
     JsonBody(request): JsonBody<CompletionRequest>,
@@ -151,7 +162,9 @@ pub(super) async fn completions(
         }
     };
     if request.echo.unwrap_or(false) {
-        return super::echo::respond(&state, prompt, request.logprobs.is_some()).await;
+        return super::echo::respond(&state, prompt, request.logprobs.is_some())
+            .await
+            .map_err(|e| e.about("prompt"));
     }
     let snapshot = ConversationSnapshot::raw(prompt.as_str());
     let config = Sampling {
@@ -163,7 +176,9 @@ pub(super) async fn completions(
         stop: request.stop,
     }
     .apply(&state)?;
-    let record = generate(&state, snapshot, config).await?;
+    let record = generate(&state, snapshot, config)
+        .await
+        .map_err(|e| e.about("prompt"))?;
     let logprobs = request.logprobs.map(|_| CompletionLogprobs {
         tokens: record
             .token_ids

@@ -15,6 +15,7 @@ pub mod error;
 mod generate;
 mod messages;
 pub mod metrics;
+mod openapi;
 pub mod queue;
 mod routes;
 mod state;

@@ -1,5 +1,6 @@
-//! The router: routes, the auth and metrics layers, and the small endpoints. The generation
-//! endpoints live in [`super::generate`].
+//! The router: routes, the auth and metrics layers, the OpenAPI document (built from the same
+//! route list, so the two cannot drift) and the small endpoints. The generation endpoints live
+//! in [`super::generate`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,33 +9,53 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use lmhost_plugin_api::ErrorKind;
-use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::generate::{chat, completions};
+use super::generate::{__path_chat, __path_completions, chat, completions};
+use super::openapi;
 use super::state::{now, AppState, Shared};
-use super::wire::{Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Model, ModelList};
+use super::wire::{
+    Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Health, Model, ModelList, Props,
+};
 
 pub(super) fn build(state: Arc<AppState>, body_limit: usize) -> Router {
-    let protected = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
-        .route("/v1/models", get(models))
-        .route("/tokenize", post(super::tokens::tokenize))
-        .route("/detokenize", post(super::tokens::detokenize))
-        .route("/props", get(props))
-        .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
-    Router::new()
-        .route("/health", get(health))
+    let authorized = || middleware::from_fn_with_state(state.clone(), authorize);
+    let protected = OpenApiRouter::new()
+        .routes(routes!(chat))
+        .routes(routes!(completions))
+        .routes(routes!(embeddings))
+        .routes(routes!(models))
+        .routes(routes!(super::tokens::tokenize))
+        .routes(routes!(super::tokens::detokenize))
+        .routes(routes!(props))
+        .routes(routes!(metrics))
+        .route_layer(authorized());
+    let (router, api) = OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(health))
         .merge(protected)
+        .split_for_parts();
+    let document = Arc::new(openapi::complete(
+        &api,
+        &state.model,
+        state.api_key.is_some(),
+    ));
+    let served = Router::new()
+        .route(
+            "/openapi.json",
+            get(move || std::future::ready(Json(document.as_ref().clone()))),
+        )
+        .route_layer(authorized());
+    router
+        .merge(served)
         .route_layer(middleware::from_fn_with_state(state.clone(), track))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -85,10 +106,25 @@ async fn not_found(request: Request) -> ApiError {
     )
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::body(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{} {} is not served; the `Allow` header lists the methods that are",
+            request.method(),
+            request.uri().path()
+        ),
+    )
 }
 
+/// Answers while the server runs; needs no key.
+#[utoipa::path(get, path = "/health", responses((status = 200, description = "The server runs", body = Health)))]
+async fn health() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// The one model this server serves.
+#[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "The served model", body = ModelList)))]
 async fn models(State(state): Shared) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
@@ -103,14 +139,17 @@ async fn models(State(state): Shared) -> Json<ModelList> {
 
 /// Server properties in llama.cpp's shape. No `chat_template`: the backend renders chat
 /// behind the plugin boundary, and `/v1/completions` takes its prompt literally.
-async fn props(State(state): Shared) -> Json<serde_json::Value> {
-    Json(json!({
-        "model": state.model,
-        "server": "lmhost",
-        "version": env!("CARGO_PKG_VERSION"),
-    }))
+#[utoipa::path(get, path = "/props", responses((status = 200, description = "The server's properties", body = Props)))]
+async fn props(State(state): Shared) -> Json<Props> {
+    Json(Props {
+        model: state.model.clone(),
+        server: "lmhost",
+        version: env!("CARGO_PKG_VERSION"),
+    })
 }
 
+/// Prometheus metrics: requests, latencies, queue and prefix-cache figures.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 async fn metrics(State(state): Shared) -> Response {
     let backend = state.backend.clone();
     let stats = tokio::task::spawn_blocking(move || backend.stats())
@@ -127,6 +166,8 @@ async fn metrics(State(state): Shared) -> Response {
 
 /// Embeds each input through the backend's `embed` (candle: the mean of the model's final
 /// hidden states over the input's tokens); a backend that cannot embed gets a 400 naming it.
+#[utoipa::path(post, path = "/v1/embeddings", request_body = EmbeddingRequest,
+    responses((status = 200, description = "One vector per input", body = EmbeddingList)))]
 async fn embeddings(
     State(state): Shared,
     JsonBody(request): JsonBody<EmbeddingRequest>,
@@ -176,7 +217,7 @@ async fn embeddings(
                     ),
                 )
             }
-            e => e.into(),
+            e => ApiError::from(e).about("input"),
         })?;
     let prompt_tokens = records.iter().map(|r| r.prompt_tokens).sum();
     let data = records

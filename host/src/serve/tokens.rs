@@ -3,19 +3,24 @@
 //! `count`; `prompt` and `content`).
 
 use axum::Json;
-use serde_json::{json, Value};
 
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::messages::chat_snapshot;
 use super::state::Shared;
-use super::wire::{DetokenizeRequest, TokenizeRequest};
+use super::wire::{
+    DetokenizeRequest, Detokenized, ImageTokenCount, TokenList, TokenPiece, TokenizeRequest,
+    Tokenized,
+};
 use crate::ConversationSnapshot;
 
+/// Tokenizes a prompt, or a conversation through the model's chat template.
+#[utoipa::path(post, path = "/tokenize", request_body = TokenizeRequest,
+    responses((status = 200, description = "The token ids", body = Tokenized)))]
 pub(super) async fn tokenize(
     state: Shared,
     JsonBody(request): JsonBody<TokenizeRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Tokenized>, ApiError> {
     let state = state.0;
     if let Some(model) = &request.model {
         state.check_model(model)?;
@@ -28,16 +33,18 @@ pub(super) async fn tokenize(
         ));
     }
     // vLLM adds special tokens to a prompt unless told not to; llama.cpp only when asked.
-    let (snapshot, add_special) = match (request.prompt, request.content, request.messages) {
+    let (field, snapshot, add_special) = match (request.prompt, request.content, request.messages) {
         (Some(text), None, None) => (
+            "prompt",
             ConversationSnapshot::raw(text),
             request.add_special_tokens.unwrap_or(true),
         ),
         (None, Some(text), None) => (
+            "content",
             ConversationSnapshot::raw(text),
             request.add_special.unwrap_or(false),
         ),
-        (None, None, Some(messages)) => (chat_snapshot(messages)?, true),
+        (None, None, Some(messages)) => ("messages", chat_snapshot(messages)?, true),
         _ => {
             return Err(ApiError::invalid(
                 "prompt",
@@ -50,36 +57,50 @@ pub(super) async fn tokenize(
         .queue
         .run(move || backend.tokenize(&snapshot, add_special))
         .await
-        .map_err(|e| state.queue_error(e))??;
-    let ids = record.token_ids.as_slice();
+        .map_err(|e| state.queue_error(e))?
+        .map_err(|e| ApiError::from(e).about(field))?;
+    let ids = record.token_ids.into_vec();
+    let count = ids.len();
+    let pieces: Vec<String> = record.pieces.into_iter().map(String::from).collect();
     let tokens = if request.with_pieces.unwrap_or(false) {
-        ids.iter()
-            .zip(record.pieces.iter())
-            .map(|(id, piece)| json!({"id": id, "piece": piece.as_str()}))
-            .collect()
+        TokenList::Pieces(
+            ids.iter()
+                .zip(&pieces)
+                .map(|(&id, piece)| TokenPiece {
+                    id,
+                    piece: piece.clone(),
+                })
+                .collect(),
+        )
     } else {
-        json!(ids)
+        TokenList::Ids(ids)
     };
-    let token_strs = request
-        .return_token_strs
-        .unwrap_or(false)
-        .then(|| json!(record.pieces));
-    let mut answer = json!({
-        "count": ids.len(),
-        "tokens": tokens,
-        "token_strs": token_strs,
-    });
-    if !record.images.is_empty() {
-        answer["mm_token_type_ids"] = json!(record.mm_token_type_ids);
-        answer["images"] = json!(record.images);
-    }
-    Ok(Json(answer))
+    let has_images = !record.images.is_empty();
+    Ok(Json(Tokenized {
+        count,
+        tokens,
+        token_strs: request.return_token_strs.unwrap_or(false).then_some(pieces),
+        mm_token_type_ids: has_images.then(|| record.mm_token_type_ids.into_vec()),
+        images: has_images.then(|| {
+            record
+                .images
+                .iter()
+                .map(|image| ImageTokenCount {
+                    tokens: image.tokens,
+                    patches: image.patches,
+                })
+                .collect()
+        }),
+    }))
 }
 
+/// Turns token ids back into text.
+#[utoipa::path(post, path = "/detokenize", request_body = DetokenizeRequest,
+    responses((status = 200, description = "The text", body = Detokenized)))]
 pub(super) async fn detokenize(
     state: Shared,
     JsonBody(request): JsonBody<DetokenizeRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Detokenized>, ApiError> {
     let state = state.0;
     if let Some(model) = &request.model {
         state.check_model(model)?;
@@ -90,6 +111,10 @@ pub(super) async fn detokenize(
         .queue
         .run(move || backend.detokenize(&ids))
         .await
-        .map_err(|e| state.queue_error(e))??;
-    Ok(Json(json!({ "prompt": text, "content": text })))
+        .map_err(|e| state.queue_error(e))?
+        .map_err(|e| ApiError::from(e).about("tokens"))?;
+    Ok(Json(Detokenized {
+        prompt: text.clone(),
+        content: text,
+    }))
 }

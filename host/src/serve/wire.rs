@@ -6,9 +6,12 @@
 
 use lmhost_plugin_api::{FinishReason, GenerationRecord};
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, OneOfBuilder, Schema};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub model: String,
@@ -31,7 +34,7 @@ pub struct ChatRequest {
     pub frequency_penalty: Option<f32>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     pub role: WireRole,
@@ -40,7 +43,7 @@ pub struct ChatMessage {
 }
 
 /// Roles a message may have; `developer` is OpenAI's newer name for `system`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WireRole {
     System,
@@ -55,6 +58,22 @@ pub enum Content {
     Parts(Vec<ContentPart>),
 }
 
+/// A message's content: a string, or a list of text and image parts.
+impl PartialSchema for Content {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(String::schema())
+            .item(ArrayBuilder::new().items(ContentPart::schema()))
+            .into()
+    }
+}
+
+impl ToSchema for Content {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        <ContentPart as ToSchema>::schemas(schemas);
+    }
+}
+
 impl<'de> Deserialize<'de> for Content {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(match crate::conversation::text_or_parts(d)? {
@@ -64,7 +83,7 @@ impl<'de> Deserialize<'de> for Content {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ContentPart {
     Text { text: String },
@@ -72,7 +91,7 @@ pub enum ContentPart {
 }
 
 /// An image part's `image_url`: lmhost takes `data:` URLs (the image inline, base64).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImageUrl {
     pub url: String,
@@ -82,7 +101,7 @@ pub struct ImageUrl {
     pub detail: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Stop {
     One(String),
@@ -98,14 +117,14 @@ impl Stop {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     pub model: String,
@@ -124,7 +143,7 @@ pub struct CompletionRequest {
     pub user: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     One(String),
@@ -132,7 +151,7 @@ pub enum Prompt {
 }
 
 /// `POST /v1/embeddings`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingRequest {
     pub model: String,
@@ -141,13 +160,13 @@ pub struct EmbeddingRequest {
     pub user: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     Float,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
@@ -175,12 +194,12 @@ impl Usage {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ChatCompletion {
     pub id: String,
     pub object: &'static str,
@@ -190,7 +209,7 @@ pub struct ChatCompletion {
     pub usage: Usage,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
@@ -201,24 +220,25 @@ pub struct ChatChoice {
     pub stop_reason: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ChoiceLogprobs {
     pub content: Vec<TokenLogprob>,
 }
 
 /// A generated token's logprob. Backends return ids, not token text, so `token` is
 /// `token_id:N`, vLLM's spelling for `return_tokens_as_token_ids`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TokenLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Option<Vec<u8>>,
+    #[schema(value_type = Vec<Object>)]
     pub top_logprobs: Vec<()>,
 }
 
@@ -260,7 +280,7 @@ pub struct Delta {
     pub content: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Completion {
     pub id: String,
     pub object: &'static str,
@@ -270,7 +290,7 @@ pub struct Completion {
     pub usage: Usage,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
@@ -279,15 +299,16 @@ pub struct CompletionChoice {
 }
 
 /// The legacy completions logprobs: parallel arrays, `null` where a token has no logprob.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, ToSchema)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<Option<f32>>,
+    #[schema(value_type = Option<Vec<Object>>)]
     pub top_logprobs: Option<Vec<()>>,
     pub text_offset: Vec<usize>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EmbeddingList {
     pub object: &'static str,
     pub data: Vec<Embedding>,
@@ -295,26 +316,26 @@ pub struct EmbeddingList {
     pub usage: EmbeddingUsage,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Embedding {
     pub object: &'static str,
     pub index: usize,
     pub embedding: Vec<f32>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EmbeddingUsage {
     pub prompt_tokens: u32,
     pub total_tokens: u32,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<Model>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Model {
     pub id: String,
     pub object: &'static str,
@@ -324,7 +345,7 @@ pub struct Model {
 
 /// `POST /tokenize`, in vLLM's shape (`prompt` or `messages`, `add_special_tokens`,
 /// `return_token_strs`) or llama.cpp's (`content`, `add_special`, `with_pieces`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     pub model: Option<String>,
@@ -340,11 +361,81 @@ pub struct TokenizeRequest {
 }
 
 /// `POST /detokenize` (vLLM and llama.cpp both send `tokens`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<u32>,
+}
+
+/// What `/tokenize` answers: the fields vLLM's clients read (`count`, `tokens`, `token_strs`)
+/// and llama.cpp's (`tokens` as id and piece pairs when asked `with_pieces`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Tokenized {
+    pub count: usize,
+    pub tokens: TokenList,
+    pub token_strs: Option<Vec<String>>,
+    /// For a conversation with images: 1 for each image placeholder token, 0 for others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mm_token_type_ids: Option<Vec<u8>>,
+    /// For a conversation with images: each image's placeholder tokens and patches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<ImageTokenCount>>,
+}
+
+/// The ids alone, or with their pieces: `anyOf`, since an empty list is both.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum TokenList {
+    Ids(Vec<u32>),
+    Pieces(Vec<TokenPiece>),
+}
+
+impl PartialSchema for TokenList {
+    fn schema() -> RefOr<Schema> {
+        AnyOfBuilder::new()
+            .item(Vec::<u32>::schema())
+            .item(Vec::<TokenPiece>::schema())
+            .into()
+    }
+}
+
+impl ToSchema for TokenList {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((TokenPiece::name().into(), TokenPiece::schema()));
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenPiece {
+    pub id: u32,
+    pub piece: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ImageTokenCount {
+    pub tokens: u32,
+    pub patches: u32,
+}
+
+/// What `/detokenize` answers: the text under vLLM's name and llama.cpp's.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Detokenized {
+    pub prompt: String,
+    pub content: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+/// Server properties in llama.cpp's shape.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Props {
+    pub model: String,
+    pub server: &'static str,
+    pub version: &'static str,
 }
 
 /// OpenAI's name for why a generation ended.

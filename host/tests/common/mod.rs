@@ -254,7 +254,15 @@ pub fn wait_until_idle(server: &TestServer) {
 }
 
 pub fn get(url: &str) -> Answer {
-    answer(agent().get(url).call())
+    get_with(url, None)
+}
+
+pub fn get_with(url: &str, bearer: Option<&str>) -> Answer {
+    let mut request = agent().get(url);
+    if let Some(key) = bearer {
+        request = request.header("Authorization", format!("Bearer {key}"));
+    }
+    answer(request.call())
 }
 
 /// A server that answers each request with the next scripted `(status, body)` (the last one
