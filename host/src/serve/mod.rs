@@ -24,7 +24,7 @@ mod tokens;
 pub mod wire;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,18 +127,51 @@ pub fn router(backend: Arc<Backend>, defaults: GenerationConfig, options: ServeO
     routes::build(state, options.body_limit)
 }
 
+/// How long a client may take to send a request's head; then its connection is closed, so a
+/// client that trickles its headers (slowloris) holds a connection for no longer.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes in-flight requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
-        unbuffered(listener),
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    serve_with(listener, app, shutdown, HEAD_TIMEOUT).await;
+    Ok(())
+}
+
+/// hyper's connection loop, as `axum::serve` runs it, with a timer and so a deadline for each
+/// request's head, which `axum::serve` does not set.
+async fn serve_with(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+    head_timeout: Duration,
+) {
+    use axum::serve::Listener;
+    let mut listener = unbuffered(listener);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(head_timeout);
+    let connections = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = pin!(shutdown);
+    loop {
+        // Accept errors (a full file table) are logged and retried by axum's `Listener`.
+        let (io, _) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        let connection = connections.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("a connection ended with an error: {e}");
+            }
+        });
+    }
+    connections.shutdown().await;
 }
 
 /// `listener` with Nagle's algorithm off on every connection (`TCP_NODELAY`), so each small
@@ -183,6 +216,43 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use axum::serve::Listener;
+
+    /// A client that sends part of a request's head and then nothing is cut off once the
+    /// head's time is up, while other clients are served.
+    #[tokio::test]
+    async fn a_trickled_request_head_is_cut_off() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let timeout = std::time::Duration::from_millis(300);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(super::serve_with(
+            listener,
+            app,
+            async {
+                let _ = stopped.await;
+            },
+            timeout,
+        ));
+        let mut slow = tokio::net::TcpStream::connect(at).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        let mut quick = tokio::net::TcpStream::connect(at).await.unwrap();
+        quick
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        quick.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let started = std::time::Instant::now();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(timeout * 10, slow.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "the trickling client was never cut off");
+        assert!(started.elapsed() < timeout * 10);
+        stop.send(()).unwrap();
+        server.await.unwrap();
+    }
 
     /// Accepted connections have Nagle's algorithm off.
     #[tokio::test]
