@@ -387,7 +387,12 @@ fn malformed_requests_get_openai_errors_naming_the_field() {
         ),
         (&chat, json!({"": 1}).to_string(), 400, "body"),
         // What the backend cannot do at all is the served model's limit.
-        (&detokenize, json!({"tokens": [1]}).to_string(), 400, "model"),
+        (
+            &detokenize,
+            json!({"tokens": [1]}).to_string(),
+            400,
+            "model",
+        ),
     ];
     for (url, body, status, param) in cases {
         let answer = post(url, &body);

@@ -8,6 +8,7 @@
 //! which third-party plugin authors may use too.
 
 pub mod concurrent;
+pub mod ct2;
 pub mod gguf;
 pub mod hf;
 pub mod multimodal;

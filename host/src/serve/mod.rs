@@ -236,7 +236,9 @@ mod tests {
             timeout,
         ));
         let mut slow = tokio::net::TcpStream::connect(at).await.unwrap();
-        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
         let mut quick = tokio::net::TcpStream::connect(at).await.unwrap();
         quick
             .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
