@@ -551,6 +551,30 @@ fn the_openapi_document_lists_every_route_and_the_served_model() {
     assert!(streamed["text/event-stream"].is_object());
 }
 
+/// A body that stops arriving is answered 408 once the request's time is up.
+#[test]
+fn a_trickled_body_times_out_with_408() {
+    use std::io::{Read, Write};
+    let server = TestServer::mock(0, |o| o.request_timeout = Duration::from_millis(300));
+    let mut client = std::net::TcpStream::connect(server.addr).unwrap();
+    client
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"model\"",
+        )
+        .unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = vec![0; 4096];
+    let n = client
+        .read(&mut answer)
+        .expect("an answer before the client's own timeout");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""param":"body""#), "{answer}");
+}
+
 #[test]
 fn slow_requests_time_out_with_504() {
     let server = TestServer::mock(3000, |o| o.request_timeout = Duration::from_millis(200));

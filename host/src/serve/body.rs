@@ -1,20 +1,33 @@
 //! The JSON body extractor: errors come back as OpenAI `400`s whose `param` is the path of the
-//! field at fault (`messages[0].role`), which axum's own `Json` does not give.
+//! field at fault (`messages[0].role`), which axum's own `Json` does not give. A body must
+//! arrive within the request's timeout, so a client that trickles one holds nothing forever.
+
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::state::AppState;
 
 pub struct JsonBody<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let limit = state.queue.timeout();
+        let bytes = tokio::time::timeout(limit, Bytes::from_request(req, state))
             .await
+            .map_err(|_| ApiError {
+                param: Some("body".into()),
+                ..ApiError::body(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the body did not arrive within {} s", limit.as_secs_f64()),
+                )
+            })?
             .map_err(|e| ApiError {
                 param: Some("body".into()),
                 ..ApiError::body(e.status(), e.body_text())

@@ -88,6 +88,7 @@ fn add_errors(operation: &mut Value, path: &str, method: &str, keyed: bool) {
                 "404",
                 "The request names a model this server does not serve",
             ),
+            ("408", "The body did not arrive within the server's timeout"),
             ("413", "The body is larger than the server's limit"),
             (
                 "503",
