@@ -99,7 +99,7 @@ async fn not_found(request: Request) -> ApiError {
     ApiError::body(
         axum::http::StatusCode::NOT_FOUND,
         format!(
-            "no route {} {}; see /v1/models, /v1/chat/completions, /v1/completions",
+            "no route {} {}; /openapi.json lists every route",
             request.method(),
             request.uri().path()
         ),

@@ -72,7 +72,9 @@ const NAME: &str = "chat";
 /// on every prompt: a loop without end, a runaway recursion or an endless output is refused
 /// instead of hanging the process or filling its memory. Real templates stay far below each:
 /// the costliest of llama.cpp's collection (Gemma 4's) runs 24,028 instructions for a
-/// 65-message chat, about 370 a message, so the fuel allows some 50,000 messages.
+/// 65-message chat, about 370 a message, so the fuel allows some 50,000 messages. An
+/// intermediate value's size is not bounded (a string doubled by `~` forty times in a loop):
+/// minijinja 2 has no hook for it.
 pub mod limits {
     /// Template instructions one render may run.
     pub const FUEL: u64 = 20_000_000;
