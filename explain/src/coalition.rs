@@ -85,7 +85,8 @@ impl fmt::Debug for Coalition {
 /// With `Absence::Delete` (and `Hide`, whose prompts are keyed by it) a message whose players are all absent is dropped (and a turn left
 /// empty with it); a conversation left with no message at all becomes one empty message (user,
 /// or raw for raw text), since a prompt needs at least one. With `Absence::Pad` each absent player's text becomes the
-/// placeholder and the separators around it stay.
+/// placeholder, with `Absence::Neutral` the fill character as many times as the text has
+/// characters; the separators around it stay.
 pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> ConversationSnapshot {
     let mut turns = Vec::new();
     let mut global = 0;
@@ -244,7 +245,7 @@ fn render_message(
     let text = original.text_content();
     let mut out = String::new();
     match absence {
-        Absence::Pad { placeholder } => {
+        Absence::Pad { .. } | Absence::Neutral { .. } => {
             out.push_str(&text[layout.lead.clone()]);
             for (k, &(player, ref span)) in layout.players.iter().enumerate() {
                 if k > 0 {
@@ -254,7 +255,7 @@ fn render_message(
                 if coalition.contains(player) || span.is_empty() {
                     out.push_str(&text[span.clone()]);
                 } else {
-                    out.push_str(placeholder);
+                    stand_in(absence, &text[span.clone()], &mut out);
                 }
             }
             out.push_str(&text[layout.trail.clone()]);
@@ -290,6 +291,16 @@ fn render_message(
         }
     }
     Some(out)
+}
+
+/// What an absent player's `text` becomes: `Pad`'s placeholder, or `Neutral`'s fill character
+/// once for each of its characters.
+fn stand_in(absence: &Absence, text: &str, out: &mut String) {
+    match absence {
+        Absence::Pad { placeholder } => out.push_str(placeholder),
+        Absence::Neutral { fill } => out.extend(std::iter::repeat_n(*fill, text.chars().count())),
+        Absence::Delete | Absence::Hide => {}
+    }
 }
 
 #[cfg(test)]
@@ -328,7 +339,11 @@ mod tests {
             Granularity::Words,
         ] {
             let p = players(g);
-            for absence in [Absence::Delete, Absence::pad("_")] {
+            for absence in [
+                Absence::Delete,
+                Absence::pad("_"),
+                Absence::Neutral { fill: '_' },
+            ] {
                 let full = render(&p, &Coalition::full(p.len()), &absence);
                 assert_eq!(full.turns, conversation().turns, "{g:?} {absence:?}");
             }
@@ -370,6 +385,23 @@ mod tests {
             &Absence::pad("[gone]"),
         );
         assert_eq!(texts(&padded)[0], "[gone]");
+    }
+
+    /// nlp-shap's `neutral`: an absent player becomes the fill character once per character
+    /// of its text (not per byte), so the prompt keeps its layout.
+    #[test]
+    fn neutral_fills_each_absent_player_to_its_width() {
+        let p = players(Granularity::Words);
+        let kept = Coalition::from_members(p.len(), (0..p.len()).filter(|i| i % 2 == 0));
+        let neutral = Absence::Neutral { fill: '_' };
+        let filled = texts(&render(&p, &kept, &neutral));
+        assert_eq!(filled, ["Be ______", "Paris __ big. __ is ____  Is ___"]);
+        for (filled, original) in filled.iter().zip(texts(&conversation())) {
+            assert_eq!(filled.chars().count(), original.chars().count());
+        }
+        let mut out = String::new();
+        stand_in(&Absence::Neutral { fill: '·' }, "Café déjà", &mut out);
+        assert_eq!(out, "·".repeat(9));
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod error;
 pub mod estimators;
 pub mod hierarchy;
 pub mod media;
+pub mod normalize;
 pub mod players;
 pub mod schedule;
 pub mod settings;
@@ -40,7 +41,7 @@ pub use players::{HiddenParts, Player, PlayerSpec, Players};
 pub use schedule::Schedule;
 pub use settings::{
     Absence, AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers,
-    ValueKind,
+    Normalizer, ValueKind,
 };
 pub use stopping::{StopReason, Stopped, Stopping};
 pub use trust::Trust;

@@ -90,7 +90,12 @@ named_enum! {
 
 named_enum! {
     /// What happens to an absent player's text.
-    AbsenceKind { Delete = "delete", Pad = "pad", Hide = "hide" } default Delete
+    AbsenceKind {
+        Delete = "delete",
+        Pad = "pad",
+        Neutral = "neutral",
+        Hide = "hide",
+    } default Delete
 }
 
 named_enum! {
@@ -126,6 +131,20 @@ named_enum! {
 }
 
 named_enum! {
+    /// How a report shows the values (nlp-shap's normalizers, [`crate::normalize`]); the values
+    /// computed and stored stay as they are.
+    Normalizer {
+        Identity = "identity",
+        /// Each value over the sum of their absolute values.
+        AbsSum = "abs_sum",
+        /// Scaled to [0, 1] between the smallest and the largest, then to a sum of one.
+        MinMax = "min_max",
+        /// Shifted so the smallest is 0, raised to `normalize_power`, then to a sum of one.
+        PowerShift = "power_shift",
+    } default Identity
+}
+
+named_enum! {
     /// Which attribution: Shapley weighs coalitions by size, Banzhaf uniformly.
     Estimand { Shapley = "shapley", Banzhaf = "banzhaf" } default Shapley
 }
@@ -137,6 +156,9 @@ pub enum Absence {
     Delete,
     /// Their text is replaced by `placeholder`.
     Pad { placeholder: String },
+    /// Their text is replaced by `fill` once per character (nlp-shap's `neutral`): the prompt
+    /// keeps each player's width, so positions after it do not move.
+    Neutral { fill: char },
     /// Their text stays, hidden from the attention of the last message and the answer (a
     /// backend's `score_hidden`): the messages before the last are computed once for every
     /// coalition. A coalition's prompt (its key and order) is its `Delete` rendering.
@@ -150,10 +172,14 @@ impl Absence {
         }
     }
 
+    /// `placeholder` is `Pad`'s text, and `Neutral`'s fill character (its first).
     pub fn new(kind: AbsenceKind, placeholder: &str) -> Self {
         match kind {
             AbsenceKind::Delete => Absence::Delete,
             AbsenceKind::Pad => Absence::pad(placeholder),
+            AbsenceKind::Neutral => Absence::Neutral {
+                fill: placeholder.chars().next().unwrap_or('_'),
+            },
             AbsenceKind::Hide => Absence::Hide,
         }
     }

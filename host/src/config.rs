@@ -9,7 +9,8 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::explain::{
     Absence, AbsenceKind, AudioPlayers, Estimand, EstimatorKind, EstimatorSettings, Fill,
-    Granularity, ImagePlayers, ImageRegions, MediaSpec, PlayerSpec, Stopping, ValueKind,
+    Granularity, ImagePlayers, ImageRegions, MediaSpec, Normalizer, PlayerSpec, Stopping,
+    ValueKind,
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -83,9 +84,10 @@ pub struct ExplanationConfig {
     pub roles: Vec<Role>,
     /// Only these turns hold players (0 first, -1 last); empty means all.
     pub turns: Vec<i64>,
-    /// `"delete"`, `"pad"` or `"hide"`.
+    /// `"delete"`, `"pad"`, `"neutral"` or `"hide"`.
     pub absence: AbsenceKind,
-    /// What replaces an absent player with `absence = "pad"`.
+    /// What replaces an absent player with `absence = "pad"`; with `"neutral"`, the one
+    /// character repeated over its width.
     pub placeholder: String,
     /// `"whole"` (an image goes with its message), `"grid"` (`grid` cells) or `"regions"` (the
     /// boxes the conversation gives each image: `"regions"` on its image parts).
@@ -134,6 +136,12 @@ pub struct ExplanationConfig {
     /// Prompts sent per `score_batch` call (a backend that batches runs them in one pass);
     /// values are stored in the run directory after each batch.
     pub batch_size: usize,
+    /// How the reports show each level's values: `"identity"`, `"abs_sum"`, `"min_max"` or
+    /// `"power_shift"` (nlp-shap's normalizers). The values computed, stored and written as
+    /// `value` in the JSON stay as they are.
+    pub normalize: Normalizer,
+    /// `power_shift`'s exponent (> 0).
+    pub normalize_power: f64,
     /// Passed to the plugin through `PluginContext::plugin_options`.
     pub plugin_options: toml::Table,
 }
@@ -169,6 +177,8 @@ impl Default for ExplanationConfig {
             kv_cache: true,
             sort_prompts: true,
             batch_size: 32,
+            normalize: Normalizer::default(),
+            normalize_power: 1.0,
             plugin_options: toml::Table::new(),
         }
     }
@@ -223,6 +233,12 @@ impl ExplanationConfig {
                 self.refine_to
             ));
         }
+        if !(self.normalize_power.is_finite() && self.normalize_power > 0.0) {
+            return Err(format!(
+                "[explanation] `normalize_power` must be a number > 0. Given: {}",
+                self.normalize_power
+            ));
+        }
         if self.batch_size == 0 {
             return Err("[explanation] `batch_size` must be >= 1. Given: 0".into());
         }
@@ -241,6 +257,13 @@ impl ExplanationConfig {
                         must have at least one character (or use `absence = \"delete\"`)"
                     .into(),
             );
+        }
+        if self.absence == AbsenceKind::Neutral && self.placeholder.chars().count() != 1 {
+            return Err(format!(
+                "[explanation] with `absence = \"neutral\"`, `placeholder` is the one character \
+                 repeated over an absent player's width. Given: {:?}",
+                self.placeholder
+            ));
         }
         Ok(())
     }
@@ -531,6 +554,15 @@ mod tests {
         let err = parse("[backend]\nkind = \"mock\"\n[explanation]\nsettle_top = 3\n").unwrap_err();
         assert!(
             err.to_string().contains("`exact` evaluates a fixed set"),
+            "{err}"
+        );
+        let neutral = "[backend]\nkind = \"mock\"\n[explanation]\nabsence = \"neutral\"\n";
+        let config = parse(neutral).unwrap();
+        assert_eq!(config.explanation.absence(), Absence::Neutral { fill: '_' });
+        let err = parse(&format!("{neutral}placeholder = \"[x]\"\n")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`placeholder` is the one character repeated over an absent player's width. Given: \"[x]\""),
             "{err}"
         );
     }

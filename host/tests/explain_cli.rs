@@ -164,6 +164,50 @@ fn sampling_over_words_reports_standard_errors() {
     assert_eq!(doc["settings"]["absence"], "pad");
 }
 
+/// nlp-shap's normalizers change what the reports show, never the values: the JSON keeps each
+/// `value` as computed and adds the shown ones, which the table prints; `min_max`'s sum to one.
+#[test]
+fn normalizers_change_the_shown_values_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = config(dir.path(), "");
+    let run = |normalize: &str| {
+        let json = dir.path().join(format!("{normalize}.json"));
+        let args = ["--normalize", normalize, "--json", json.to_str().unwrap()];
+        let table = ok(explain(&mock, &args));
+        (read_json(&json), table)
+    };
+    let (plain, _) = run("identity");
+    assert!(plain["normalized"].is_null());
+    let (doc, table) = run("abs_sum");
+    assert_eq!(doc["players"], plain["players"]);
+    let raw = values(&doc);
+    let total: f64 = raw.iter().map(|v| v.abs()).sum();
+    let shown: Vec<f64> = serde_json::from_value(doc["normalized"].clone()).unwrap();
+    assert_eq!(shown.len(), raw.len());
+    for (shown, raw) in shown.iter().zip(&raw) {
+        assert!(
+            (shown - raw / total).abs() < 1e-12,
+            "{shown} vs {raw} / {total}"
+        );
+    }
+    assert!(table.contains("· shown abs_sum"), "{table}");
+    let (doc, table) = run("min_max");
+    let shown: Vec<f64> = serde_json::from_value(doc["normalized"].clone()).unwrap();
+    assert!((shown.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{shown:?}");
+    assert!(shown.iter().all(|&v| v >= 0.0));
+    assert!(table.contains("· shown min_max"), "{table}");
+    let bad = explain(
+        &mock,
+        &["--normalize", "power_shift", "--normalize-power", "0"],
+    );
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("`normalize_power` must be a number > 0. Given: 0"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn too_many_players_for_exact_fails_naming_the_sampling_estimator() {
     let dir = tempfile::tempdir().unwrap();

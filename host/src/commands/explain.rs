@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use lmhost::config::ExplanationConfig;
 use lmhost::explain::{
-    AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers, ValueKind,
+    AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers,
+    Normalizer, ValueKind,
 };
 use lmhost::explain_run::reanalyze;
 use lmhost::explain_run::{self, RunOptions};
@@ -54,12 +55,12 @@ pub struct Args {
     )]
     turns: Option<Vec<i64>>,
 
-    /// Absent players: delete, pad, or hide (from the last message and the answer; answer_logprob
-    /// only).
+    /// Absent players: delete, pad, neutral (the placeholder character over their width), or
+    /// hide (from the last message and the answer; answer_logprob only).
     #[arg(long, value_name = "HOW")]
     absence: Option<AbsenceKind>,
 
-    /// What replaces an absent player with --absence pad.
+    /// What replaces an absent player with --absence pad; with neutral, one character.
     #[arg(long, value_name = "TEXT")]
     placeholder: Option<String>,
 
@@ -124,6 +125,15 @@ pub struct Args {
     /// `exact` refuses more players than this.
     #[arg(long, value_name = "N")]
     max_exact_players: Option<usize>,
+
+    /// How the reports show the values: identity, abs_sum, min_max or power_shift (nlp-shap's
+    /// normalizers; the JSON's `value`s stay as computed).
+    #[arg(long, value_name = "HOW")]
+    normalize: Option<Normalizer>,
+
+    /// power_shift's exponent (> 0).
+    #[arg(long, value_name = "P")]
+    normalize_power: Option<f64>,
 
     /// Run with the backend's prefix cache off.
     #[arg(long)]
@@ -201,7 +211,9 @@ impl Args {
             holdout,
             settle_top,
             max_exact_players,
-            batch_size
+            batch_size,
+            normalize,
+            normalize_power
         );
         if self.target_se.is_some() {
             e.target_se = self.target_se;

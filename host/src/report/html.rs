@@ -100,6 +100,7 @@ const SCRIPT: &str = r#"
 "#;
 
 pub fn render(outcome: &Outcome) -> String {
+    let outcome = outcome.shown();
     let e = &outcome.explanation;
     let s = &outcome.settings;
     let max = e
@@ -117,7 +118,7 @@ pub fn render(outcome: &Outcome) -> String {
     let _ = writeln!(
         h,
         "<h1>What made the model answer</h1><p class=\"meta\">{} {} of <b>{}</b> over {} {} \
-         · backend {} · model {} · absence {}</p>\
+         · backend {} · model {} · absence {}{}</p>\
          <p class=\"legend meta\"><span style=\"background:{}\">raises the value</span>\
          <span style=\"background:{}\">lowers it</span></p>",
         escape(s.estimator.as_str()),
@@ -128,6 +129,7 @@ pub fn render(outcome: &Outcome) -> String {
         escape(&outcome.plugin),
         escape(&outcome.model_id),
         escape(s.absence.as_str()),
+        escape(&super::table::shown_as(s)),
         shade(1.0, 1.0),
         shade(-1.0, 1.0),
     );
@@ -177,7 +179,7 @@ pub fn render(outcome: &Outcome) -> String {
         escape(&outcome.reply)
     );
     if let Some(matrix) = &e.per_token {
-        token_map(&mut h, outcome, matrix);
+        token_map(&mut h, &outcome, matrix);
     }
     h.push_str("<h2>Attributions</h2>");
     table(&mut h, e);

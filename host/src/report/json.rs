@@ -16,6 +16,9 @@ pub struct Document<'a> {
     pub settings: &'a ExplanationConfig,
     pub conversation: Vec<MessageDoc>,
     pub players: &'a [Attribution],
+    /// The players' values as the table and the HTML page show them (`settings.normalize`), in
+    /// the order of `players`; null with `identity`.
+    pub normalized: Option<Vec<f64>>,
     pub v_all: f64,
     pub v_none: f64,
     pub efficiency: Option<Efficiency>,
@@ -56,6 +59,8 @@ pub struct RefinementDoc<'a> {
     /// The players refined, whose parts this level's players are.
     pub refined: Vec<&'a str>,
     pub players: Vec<Part<'a>>,
+    /// As `normalized` at the top.
+    pub normalized: Option<Vec<f64>>,
     pub v_all: f64,
     /// Without the refined players (the rest of the conversation present).
     pub v_none: f64,
@@ -136,6 +141,7 @@ pub fn document(outcome: &Outcome) -> Document<'_> {
         settings: &outcome.settings,
         conversation,
         players: &e.attributions,
+        normalized: super::normalized_values(e, &outcome.settings),
         v_all: e.v_all,
         v_none: e.v_none,
         efficiency: e.efficiency,
@@ -192,6 +198,7 @@ fn refinement<'a>(outcome: &'a Outcome, level: &'a Refinement) -> RefinementDoc<
                 parent,
             })
             .collect(),
+        normalized: super::normalized_values(e, &outcome.settings),
         v_all: e.v_all,
         v_none: e.v_none,
         efficiency: e.efficiency,

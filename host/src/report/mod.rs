@@ -5,9 +5,30 @@ pub mod json;
 mod media;
 pub mod table;
 
+use std::borrow::Cow;
+
+use crate::config::ExplanationConfig;
+use crate::explain::normalize::normalized;
+use crate::explain::{Explanation, Normalizer};
 use crate::outcome::Outcome;
 
 impl Outcome {
+    /// This outcome as the table and the HTML page show it: each level's values through the
+    /// `normalize` setting. `abs_sum` scales the standard errors with the values; the other
+    /// normalizers are not linear, so theirs are not shown. Ranks stay those of the computed
+    /// values.
+    pub(crate) fn shown(&self) -> Cow<'_, Outcome> {
+        if self.settings.normalize == Normalizer::Identity {
+            return Cow::Borrowed(self);
+        }
+        let mut shown = self.clone();
+        normalize(&mut shown.explanation, &self.settings);
+        for level in &mut shown.refinements {
+            normalize(&mut level.explanation, &self.settings);
+        }
+        Cow::Owned(shown)
+    }
+
     /// The JSON report `lmhost explain --json FILE` writes.
     pub fn to_json(&self) -> String {
         json::render(self)
@@ -16,6 +37,26 @@ impl Outcome {
     /// The self-contained HTML page `lmhost explain --html FILE` writes.
     pub fn to_html(&self) -> String {
         html::render(self)
+    }
+}
+
+/// A level's values, through the `normalize` setting; `None` with `identity`.
+pub(crate) fn normalized_values(e: &Explanation, s: &ExplanationConfig) -> Option<Vec<f64>> {
+    (s.normalize != Normalizer::Identity).then(|| {
+        let values: Vec<f64> = e.attributions.iter().map(|a| a.value).collect();
+        normalized(&values, s.normalize, s.normalize_power)
+    })
+}
+
+fn normalize(e: &mut Explanation, s: &ExplanationConfig) {
+    let Some(shown) = normalized_values(e, s) else {
+        return;
+    };
+    let total: f64 = e.attributions.iter().map(|a| a.value.abs()).sum();
+    let scale = (s.normalize == Normalizer::AbsSum && total > 0.0).then_some(total);
+    for (a, value) in e.attributions.iter_mut().zip(shown) {
+        a.value = value;
+        a.std_error = scale.and_then(|total| a.std_error.map(|se| se / total));
     }
 }
 

@@ -6,7 +6,8 @@ use std::fmt::Write;
 use super::{fit, number, one_line};
 use crate::config::ExplanationConfig;
 use crate::explain::{
-    AudioPlayers, Explanation, Granularity, ImagePlayers, StopReason, Stopped, Trust, ValueKind,
+    AudioPlayers, Explanation, Granularity, ImagePlayers, Normalizer, StopReason, Stopped, Trust,
+    ValueKind,
 };
 use crate::outcome::Outcome;
 
@@ -18,6 +19,7 @@ const ID: usize = 10;
 const HALF_BAR: usize = 17;
 
 pub fn render(outcome: &Outcome) -> String {
+    let outcome = outcome.shown();
     let e = &outcome.explanation;
     let s = &outcome.settings;
     let mut out = String::new();
@@ -31,7 +33,7 @@ pub fn render(outcome: &Outcome) -> String {
         "{}",
         one_line(
             &format!(
-                "{} {} of {} ({}) over {} {} · absence {}{} · {}/{}",
+                "{} {} of {} ({}) over {} {} · absence {}{}{} · {}/{}",
                 s.estimator,
                 s.estimand,
                 s.value,
@@ -43,6 +45,7 @@ pub fn render(outcome: &Outcome) -> String {
                 e.attributions.len(),
                 level_name(s),
                 s.absence,
+                shown_as(s),
                 if e.attributions.iter().any(|a| a.std_error.is_some()) {
                     format!(" · seed {}, budget {}", s.seed, s.budget)
                 } else {
@@ -142,6 +145,15 @@ fn rows(out: &mut String, e: &Explanation) {
             se,
             bar(a.value, max)
         );
+    }
+}
+
+/// ` · shown abs_sum` when the values go through a normalizer.
+pub fn shown_as(s: &ExplanationConfig) -> String {
+    match s.normalize {
+        Normalizer::Identity => String::new(),
+        Normalizer::PowerShift => format!(" · shown {} {}", s.normalize, s.normalize_power),
+        other => format!(" · shown {other}"),
     }
 }
 
