@@ -122,8 +122,7 @@ pub fn run(args: &Args) -> Result<()> {
                 tracing::warn!("grace period over: stopped the generations still running");
             });
         };
-        serve::serve(listener, app, shutdown)
-            .await
-            .map_err(|e| Error::Invalid(format!("server failed: {e}")))
+        serve::serve(listener, app, shutdown).await;
+        Ok(())
     })
 }

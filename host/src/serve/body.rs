@@ -18,20 +18,21 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let at_fault = |status, message| ApiError {
+            param: Some("body".into()),
+            ..ApiError::body(status, message)
+        };
         let limit = state.queue.timeout();
         let bytes = tokio::time::timeout(limit, Bytes::from_request(req, state))
             .await
-            .map_err(|_| ApiError {
-                param: Some("body".into()),
-                ..ApiError::body(
+            .map_err(|_| {
+                let waited = limit.as_secs_f64();
+                at_fault(
                     StatusCode::REQUEST_TIMEOUT,
-                    format!("the body did not arrive within {} s", limit.as_secs_f64()),
+                    format!("the body did not arrive within {waited} s"),
                 )
             })?
-            .map_err(|e| ApiError {
-                param: Some("body".into()),
-                ..ApiError::body(e.status(), e.body_text())
-            })?;
+            .map_err(|e| at_fault(e.status(), e.body_text()))?;
         parse(&bytes).map(JsonBody)
     }
 }

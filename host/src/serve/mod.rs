@@ -132,13 +132,13 @@ pub fn router(backend: Arc<Backend>, defaults: GenerationConfig, options: ServeO
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes in-flight requests.
+/// Accept errors are logged and retried, so serving never fails once listening.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) {
     serve_with(listener, app, shutdown, HEAD_TIMEOUT).await;
-    Ok(())
 }
 
 /// hyper's connection loop, as `axum::serve` runs it, with a timer and so a deadline for each

@@ -17,7 +17,6 @@ use utoipa_axum::routes;
 
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::generate::{__path_chat, __path_completions, chat, completions};
 use super::openapi;
 use super::state::{now, AppState, Shared};
 use super::wire::{
@@ -27,8 +26,8 @@ use super::wire::{
 pub(super) fn build(state: Arc<AppState>, body_limit: usize) -> Router {
     let authorized = || middleware::from_fn_with_state(state.clone(), authorize);
     let protected = OpenApiRouter::new()
-        .routes(routes!(chat))
-        .routes(routes!(completions))
+        .routes(routes!(super::generate::chat))
+        .routes(routes!(super::generate::completions))
         .routes(routes!(embeddings))
         .routes(routes!(models))
         .routes(routes!(super::tokens::tokenize))

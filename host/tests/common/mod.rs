@@ -112,7 +112,7 @@ impl TestServer {
                 let shutdown = async {
                     let _ = stopped.await;
                 };
-                serve::serve(listener, app, shutdown).await.unwrap();
+                serve::serve(listener, app, shutdown).await;
             });
         });
         TestServer {
