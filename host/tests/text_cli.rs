@@ -218,47 +218,56 @@ fn an_image_for_a_text_model_is_refused_by_name() {
     }
 }
 
-/// A chat template that loops without end, given as the backend's `chat_template` option (as
-/// a GGUF file's own would run), is refused on the first prompt, naming the model and the
-/// limit, and the process exits.
+/// A chat template that loops without end, or doubles a string until it would fill memory,
+/// given as the backend's `chat_template` option (as a GGUF file's own would run), is refused
+/// on the first prompt, naming the model and the limit, and the process exits.
 #[test]
-fn a_chat_template_that_never_ends_is_refused_naming_the_model() {
+fn a_chat_template_that_never_ends_or_fills_memory_is_refused_naming_the_model() {
     require("models/smollm2", "fetch-models");
+    let cases = [
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "exceeds its fuel of 20000000 instructions",
+        ),
+        (
+            "{% set ns = namespace(s='x') %}{% for i in range(40) %}\
+             {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+            "exceeds its memory limit of 512 MiB",
+        ),
+    ];
     let dir = tempfile::tempdir().unwrap();
-    let template = dir.path().join("loop.jinja");
-    std::fs::write(
-        &template,
-        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-    )
-    .unwrap();
-    let config = dir.path().join("loop.toml");
     let default = std::fs::read_to_string(repo().join("configs/default.toml")).unwrap();
     let model = repo().join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let config_text = default
-        .replace(
-            "../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-            model.to_str().unwrap(),
-        )
-        .replace(
-            "[backend.options]",
-            &format!(
-                "[backend.options]\nchat_template = {:?}",
-                template.to_str().unwrap()
-            ),
+    for (source, expected) in cases {
+        let template = dir.path().join("hostile.jinja");
+        std::fs::write(&template, source).unwrap();
+        let config = dir.path().join("hostile.toml");
+        let config_text = default
+            .replace(
+                "../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                model.to_str().unwrap(),
+            )
+            .replace(
+                "[backend.options]",
+                &format!(
+                    "[backend.options]\nchat_template = {:?}",
+                    template.to_str().unwrap()
+                ),
+            );
+        std::fs::write(&config, config_text).unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
+            .args(["-q", "generate", "--prompt", "hi", "--config"])
+            .arg(&config)
+            .output()
+            .expect("lmhost runs");
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("SmolLM2-135M-Instruct.Q4_1.gguf`: chat template from")
+                && stderr.contains(expected),
+            "{stderr}"
         );
-    std::fs::write(&config, config_text).unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_lmhost"))
-        .args(["-q", "generate", "--prompt", "hi", "--config"])
-        .arg(&config)
-        .output()
-        .expect("lmhost runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("SmolLM2-135M-Instruct.Q4_1.gguf`: chat template from")
-            && stderr.contains("exceeds its fuel of 20000000 instructions"),
-        "{stderr}"
-    );
+    }
 }
 
 /// GGUF headers that claim more than their file holds (a string of 2^60 bytes, a billion

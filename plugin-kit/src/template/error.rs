@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 use super::python::Raised;
 
 /// A chat template that cannot be read, compiled or rendered.
@@ -70,38 +72,59 @@ impl TemplateError {
         }
     }
 
-    pub(super) fn limit(origin: &str, limit: String) -> Self {
-        TemplateError::Limit {
-            origin: origin.to_string(),
-            limit,
+    /// `failure` of the template from `origin`.
+    pub(super) fn failed(origin: &str, failure: Failure) -> Self {
+        let origin = origin.to_string();
+        match failure {
+            Failure::Limit(limit) => TemplateError::Limit { origin, limit },
+            Failure::Raised { line, message } => TemplateError::Raised {
+                origin,
+                line: Line(line),
+                message,
+            },
+            Failure::Render { line, detail } => TemplateError::Render {
+                origin,
+                line: Line(line),
+                detail,
+            },
         }
     }
+}
 
-    pub(super) fn render(origin: &str, err: &minijinja::Error) -> Self {
+/// How a render failed, before it is tied to its template's origin: what the sandbox's child
+/// sends back to its parent.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum Failure {
+    /// Past one of [`super::limits`], named.
+    Limit(String),
+    Raised {
+        line: Option<usize>,
+        message: String,
+    },
+    Render {
+        line: Option<usize>,
+        detail: String,
+    },
+}
+
+impl Failure {
+    pub(super) fn of(err: &minijinja::Error) -> Self {
         use super::limits;
         match err.kind() {
             minijinja::ErrorKind::OutOfFuel => {
-                let limit = format!("its fuel of {} instructions", limits::FUEL);
-                return Self::limit(origin, limit);
+                return Failure::Limit(format!("its fuel of {} instructions", limits::FUEL));
             }
             minijinja::ErrorKind::InvalidOperation
                 if err.detail().is_some_and(|d| d.contains("recursion limit")) =>
             {
-                let limit = format!("its recursion depth of {}", limits::DEPTH);
-                return Self::limit(origin, limit);
+                return Failure::Limit(format!("its recursion depth of {}", limits::DEPTH));
             }
             _ => {}
         }
-        let origin = origin.to_string();
-        let line = Line(err.line());
+        let line = err.line();
         match raised(err) {
-            Some(message) => TemplateError::Raised {
-                origin,
-                line,
-                message,
-            },
-            None => TemplateError::Render {
-                origin,
+            Some(message) => Failure::Raised { line, message },
+            None => Failure::Render {
                 line,
                 detail: describe(err),
             },

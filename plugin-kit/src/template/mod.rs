@@ -14,13 +14,16 @@
 mod error;
 mod python;
 mod rewrite;
+#[cfg(target_os = "linux")]
+mod sandbox;
 mod source;
 
 use std::path::Path;
 
-use minijinja::{Environment, Value};
+use minijinja::{Environment, Template, Value};
 use serde::Serialize;
 
+use error::Failure;
 pub use error::TemplateError;
 
 /// One message of a conversation, as the template sees it: `message.role`, `message.content`.
@@ -63,6 +66,9 @@ pub struct ChatTemplate {
     origin: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// The worker that renders, started by the first render.
+    #[cfg(target_os = "linux")]
+    sandbox: sandbox::Sandbox,
 }
 
 /// The name the template is stored under in its environment.
@@ -72,16 +78,22 @@ const NAME: &str = "chat";
 /// on every prompt: a loop without end, a runaway recursion or an endless output is refused
 /// instead of hanging the process or filling its memory. Real templates stay far below each:
 /// the costliest of llama.cpp's collection (Gemma 4's) runs 24,028 instructions for a
-/// 65-message chat, about 370 a message, so the fuel allows some 50,000 messages. An
-/// intermediate value's size is not bounded (a string doubled by `~` forty times in a loop):
-/// minijinja 2 has no hook for it.
+/// 65-message chat, about 370 a message, so the fuel allows some 50,000 messages. The size of
+/// the values a template builds has no hook in minijinja (a string doubled by `~` forty times
+/// in a loop), so memory and time are bounded from outside, by a process of its own (`sandbox`).
 pub mod limits {
+    use std::time::Duration;
+
     /// Template instructions one render may run.
     pub const FUEL: u64 = 20_000_000;
     /// How deep macro calls and nested blocks may go.
     pub const DEPTH: usize = 100;
     /// Bytes one render may write.
     pub const OUTPUT: usize = 64 << 20;
+    /// Bytes one render may allocate (on Linux): room for the output eight times over.
+    pub const MEMORY: usize = 512 << 20;
+    /// How long one render may run (on Linux): the fuel runs out in about a second.
+    pub const TIME: Duration = Duration::from_secs(10);
 }
 
 impl ChatTemplate {
@@ -98,6 +110,8 @@ impl ChatTemplate {
             origin,
             bos_token: None,
             eos_token: None,
+            #[cfg(target_os = "linux")]
+            sandbox: sandbox::Sandbox::default(),
         })
     }
 
@@ -144,32 +158,82 @@ impl ChatTemplate {
         }
     }
 
-    /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`.
+    /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`,
+    /// rendered in a process of its own within [`limits::MEMORY`] and [`limits::TIME`] (on Linux;
+    /// elsewhere in this one).
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let template = self
-            .env
+        let template = self.template()?;
+        let context = self.context(messages, add_generation_prompt);
+        self.sandboxed(&template, context)
+            .map_err(|failure| TemplateError::failed(&self.origin, failure))
+    }
+
+    /// As [`ChatTemplate::render`], in this process, where only fuel, depth and output bound it:
+    /// for a caller that bounds the process itself, such as a fuzzer, whose coverage a child
+    /// process would hide.
+    pub fn render_unsandboxed(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let template = self.template()?;
+        within_limits(&template, self.context(messages, add_generation_prompt))
+            .map_err(|failure| TemplateError::failed(&self.origin, failure))
+    }
+
+    fn template(&self) -> Result<Template<'_, '_>, TemplateError> {
+        self.env
             .get_template(NAME)
-            .map_err(|e| TemplateError::compile(&self.origin, &e))?;
-        let mut out = Capped::default();
-        let rendered =
-            template.render_captured_to(self.context(messages, add_generation_prompt), &mut out);
-        if out.over {
-            return Err(TemplateError::limit(
-                &self.origin,
-                format!("its output limit of {} MiB", limits::OUTPUT >> 20),
-            ));
+            .map_err(|e| TemplateError::compile(&self.origin, &e))
+    }
+
+    /// Renders in [`sandbox`], within [`limits::MEMORY`] and [`limits::TIME`]: the context goes
+    /// to the worker as JSON, the outcome comes back as JSON.
+    #[cfg(target_os = "linux")]
+    fn sandboxed(&self, template: &Template, context: Value) -> Result<String, Failure> {
+        use sandbox::{Breach, Ending};
+        // Strings, numbers, lists and maps always serialize; an empty frame is refused below.
+        let request = serde_json::to_vec(&context).unwrap_or_default();
+        let work = |request: &[u8]| {
+            let rendered = serde_json::from_slice(request)
+                .map_err(|e| unreadable("request", &e))
+                .and_then(|context| within_limits(template, context));
+            serde_json::to_vec(&rendered).unwrap_or_default()
+        };
+        match self
+            .sandbox
+            .call(&request, &work, limits::MEMORY, limits::TIME)
+        {
+            Ok(reply) => {
+                serde_json::from_slice(&reply).unwrap_or_else(|e| Err(unreadable("reply", &e)))
+            }
+            Err(Breach::Time) => Err(Failure::Limit(format!(
+                "its time limit of {} s",
+                limits::TIME.as_secs()
+            ))),
+            Err(Breach::Ended(Ending::Signal(signal))) => Err(Failure::Limit(format!(
+                "its memory limit of {} MiB (its render process ended by signal {signal})",
+                limits::MEMORY >> 20
+            ))),
+            Err(Breach::Ended(Ending::Status(status))) => Err(Failure::Render {
+                line: None,
+                detail: format!("its render process failed, exiting with status {status}"),
+            }),
+            Err(Breach::Io(e)) => Err(Failure::Render {
+                line: None,
+                detail: format!("cannot run a process to render it in: {e}"),
+            }),
         }
-        rendered.map_err(|e| TemplateError::render(&self.origin, &e))?;
-        String::from_utf8(out.bytes).map_err(|_| {
-            TemplateError::limit(
-                &self.origin,
-                "UTF-8: it wrote bytes that are not text".into(),
-            )
-        })
+    }
+
+    /// Elsewhere a render runs in this process, bounded by fuel, depth and output alone.
+    #[cfg(not(target_os = "linux"))]
+    fn sandboxed(&self, template: &Template, context: Value) -> Result<String, Failure> {
+        within_limits(template, context)
     }
 
     /// The variables `apply_chat_template` passes: `render_jinja_template` gives `tools` and
@@ -202,6 +266,28 @@ impl ChatTemplate {
     /// Where the template came from, as named in errors.
     pub fn origin(&self) -> &str {
         &self.origin
+    }
+}
+
+/// Renders `template` over `context` within fuel, depth and [`limits::OUTPUT`].
+fn within_limits(template: &Template, context: Value) -> Result<String, Failure> {
+    let mut out = Capped::default();
+    let rendered = template.render_captured_to(context, &mut out);
+    if out.over {
+        let limit = format!("its output limit of {} MiB", limits::OUTPUT >> 20);
+        return Err(Failure::Limit(limit));
+    }
+    rendered.map_err(|e| Failure::of(&e))?;
+    String::from_utf8(out.bytes)
+        .map_err(|_| Failure::Limit("UTF-8: it wrote bytes that are not text".into()))
+}
+
+/// A sandbox's message that did not parse: a bug, never the template's doing.
+#[cfg(target_os = "linux")]
+fn unreadable(what: &str, e: &serde_json::Error) -> Failure {
+    Failure::Render {
+        line: None,
+        detail: format!("its render process exchanged an unreadable {what}: {e}"),
     }
 }
 

@@ -303,6 +303,7 @@ fn loop_controls() {
 /// runs out of fuel, an output of a gigabyte stops at the cap, a macro that calls itself stops
 /// at the recursion depth, and a gigabyte string by repetition is refused by minijinja itself.
 /// Each returns at once and holds at most the output cap (timings printed, not asserted).
+/// The memory-bound cases are below.
 #[test]
 fn hostile_templates_are_refused_within_the_limits() {
     let cases = [
@@ -327,4 +328,42 @@ fn hostile_templates_are_refused_within_the_limits() {
         assert!(err.contains(expected), "{source}: {err}");
         assert!(err.starts_with("chat template from test.jinja"), "{err}");
     }
+}
+
+/// Values a template doubles until they would take gigabytes, which no instruction count or
+/// output cap sees: `~` in a namespace loop, `+` in straight-line code, `replace` feeding
+/// itself, and a macro's captured output fed back to it. Each is refused at the
+/// memory limit, and the process that asked is untouched (checked by the render after them).
+#[cfg(target_os = "linux")]
+#[test]
+fn templates_that_fill_memory_are_refused_at_the_memory_limit() {
+    let doublings = "{% set ns = namespace(s='x') %}{% for i in range(40) %}\
+        {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
+    let straight = format!(
+        "{{% set s = 'xy' %}}{}{{{{ s|length }}}}",
+        "{% set s = s + s %}".repeat(40)
+    );
+    let replaced = "{% set ns = namespace(s='xx') %}{% for i in range(40) %}\
+        {% set ns.s = ns.s|replace('x', 'xx') %}{% endfor %}{{ ns.s|length }}";
+    let captured =
+        "{% macro twice(s) %}{{ s }}{{ s }}{% endmacro %}{% set ns = namespace(s='x') %}\
+        {% for i in range(40) %}{% set ns.s = twice(ns.s) %}{% endfor %}{{ ns.s|length }}";
+    let limit = format!("exceeds its memory limit of {} MiB", limits::MEMORY >> 20);
+    for source in [doublings, &straight, replaced, captured] {
+        let started = std::time::Instant::now();
+        let err = render(source).unwrap_err().to_string();
+        eprintln!("{source}: refused in {:.2?}", started.elapsed());
+        assert!(err.contains(&limit), "{source}: {err}");
+        assert!(err.starts_with("chat template from test.jinja"), "{err}");
+    }
+    assert_eq!(rendered(HF_STYLE), "<user>hi<assistant>");
+}
+
+/// The same doubling loop, stopped short of the limit, renders: the sandbox refuses the memory,
+/// not the construct.
+#[test]
+fn a_template_that_grows_within_the_memory_limit_renders() {
+    let source = "{% set ns = namespace(s='x') %}{% for i in range(20) %}\
+        {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
+    assert_eq!(rendered(source), (1 << 20).to_string());
 }
