@@ -93,6 +93,12 @@ impl Host {
                 "finish_reason": record.finish_reason,
                 "prompt_tokens": record.prompt_tokens,
                 "cached_prompt_tokens": record.cached_prompt_tokens,
+                "embedding": record.embedding.as_ref().map(|e| e.as_slice()).into_option(),
+                "contextual_embedding": record
+                    .contextual_embedding
+                    .as_ref()
+                    .map(|e| e.as_slice())
+                    .into_option(),
             }),
         )
     }
@@ -313,7 +319,12 @@ fn merged<T: Serialize + DeserializeOwned>(
             fields.extend(given);
         }
     }
-    serde_json::from_value(value).map_err(|e| invalid(py, &e.to_string()))
+    // The path names the setting ("`top_k`: invalid value: integer `-1`, expected u32"); an
+    // unknown one is named by the error itself.
+    serde_path_to_error::deserialize(value).map_err(|e| match e.path().iter().next() {
+        Some(_) => invalid(py, &format!("`{}`: {}", e.path(), e.inner())),
+        None => invalid(py, &e.inner().to_string()),
+    })
 }
 
 fn to_json(py: Python<'_>, object: &Bound<'_, PyAny>) -> PyResult<Value> {

@@ -64,6 +64,8 @@ def test_generation_settings_are_keyword_arguments():
     assert len(host.generate(MESSAGES, max_new_tokens=3)["token_ids"]) == 3
     with pytest.raises(lmhost.InvalidInputError, match="max_new_tken"):
         host.generate(MESSAGES, max_new_tken=3)
+    with pytest.raises(lmhost.InvalidInputError, match="`top_k`: invalid value: integer `-1`"):
+        host.generate(MESSAGES, top_k=-1)
 
 
 def test_explanation_matches_the_command_line(tmp_path):
