@@ -13,7 +13,7 @@ use lmhost::{
     Backend, Cancel, Config, ConversationSnapshot, Error, GenerationConfig, Outcome, Progress,
     RunOptions,
 };
-use lmhost_plugin_api::ErrorKind;
+use lmhost_plugin_api::{ErrorKind, KvCacheSettings};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use serde::de::DeserializeOwned;
@@ -101,6 +101,32 @@ impl Host {
                     .into_option(),
             }),
         )
+    }
+
+    /// Turns the backend's prompt-prefix cache on or off; `max_entries` and `max_bytes` default
+    /// to the config's `[kv_cache]`. Resets the counters of `stats`.
+    #[pyo3(signature = (enabled, max_entries = None, max_bytes = None))]
+    fn set_kv_cache(
+        &self,
+        py: Python<'_>,
+        enabled: bool,
+        max_entries: Option<u64>,
+        max_bytes: Option<u64>,
+    ) -> PyResult<()> {
+        let base = self.config.kv_cache;
+        let settings = KvCacheSettings {
+            enabled,
+            max_entries: max_entries.unwrap_or(base.max_entries),
+            max_bytes: max_bytes.unwrap_or(base.max_bytes),
+        };
+        py.detach(|| self.backend.set_kv_cache(settings))
+            .map_err(|e| raise(py, e))
+    }
+
+    /// The backend's counters since it opened or its cache was last set: prefix-cache hits,
+    /// misses, reused tokens, evictions and bytes; prompt and generated tokens.
+    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_python(py, &self.backend.stats())
     }
 
     /// The log-probability of each token of `reply` after `messages`.

@@ -44,16 +44,19 @@ MESSAGES = [
 MOCK = {"kind": "mock", "model_id": "mock-model", "options": {"reply_words": 6}}
 
 
-def nlp_shap_config(backend, value_fn="tfidf_cosine", archive="", **generation):
-    """An nlp-shap config: exact Shapley over the snapshot's messages, 8-token greedy replies."""
+def nlp_shap_config(backend, value_fn="tfidf_cosine", archive="", kv_cache=True):
+    """An nlp-shap config: exact Shapley over the snapshot's messages, 8-token greedy replies,
+    one call at a time (so every coalition after the first finds a cached prefix)."""
     return {
         "backend": {"kind": "lmhost", **backend},
-        "generation": {"max_new_tokens": 8, **generation},
+        "generation": {"max_new_tokens": 8},
         "explanation": {
             "estimator": "exact",
             "value_fn": value_fn,
             "players": "messages",
+            "max_inflight": 1,
             "archive": {"path": str(archive), "on_exists": "overwrite"},
+            "kv_cache": {"enabled": kv_cache, "max_entries": 8},
         },
     }
 
@@ -85,7 +88,8 @@ def test_the_entry_point_names_lmhost():
 @pytest.mark.parametrize("config", [DEFAULT, "mock"], ids=["smollm2", "mock"])
 def test_cli_explains_and_reanalyzes_through_lmhost(tmp_path, config):
     """nlp-shap's CLI over lmhost: the run completes, its archive is written, the base
-    generation is lmhost's own reply, `reanalyze` gives the same values, efficiency holds."""
+    generation is lmhost's own reply, lmhost's prefix cache served prompts, `reanalyze` gives the
+    same values, efficiency holds."""
     if config == "mock":
         lmhost_config = tmp_path / "mock.toml"
         lmhost_config.write_text(
@@ -101,7 +105,9 @@ def test_cli_explains_and_reanalyzes_through_lmhost(tmp_path, config):
     assert code == 0, stderr
     assert explained["manifest"]["backend_kind"] == "lmhost"
     assert len(explained["values"]) == 3
-    assert explained["metrics"]["executed"] >= 7, "every coalition was generated"
+    metrics = explained["metrics"]
+    assert metrics["executed"] >= 7, "every coalition was generated"
+    assert metrics["kv_cache_hits"] > 0 and metrics["kv_cache_reused_tokens"] > 0, metrics
     assert_efficient(explained)
     reply = lmhost.Host(str(lmhost_config)).generate(MESSAGES, max_new_tokens=8, top_k=1)
     assert (archive / "base_generation.txt").read_text() == reply["text"].strip()
@@ -112,13 +118,14 @@ def test_cli_explains_and_reanalyzes_through_lmhost(tmp_path, config):
 
 
 def test_python_api_with_the_backend_table_inline_and_logprob_values():
-    """The lmhost `[backend]` table as `backend.options`, and the `logprob` value function: the
-    grand coalition's value is the mean log-probability of lmhost's reply to the whole chat."""
-    config = explain_config_from_yaml(
-        yaml.safe_dump(nlp_shap_config({"model_id": "mock run", "options": MOCK}, "logprob"))
-    )
+    """The lmhost `[backend]` table as `backend.options`, the `logprob` value function and the
+    cache off: the grand coalition's value is the mean log-probability of lmhost's reply to the
+    whole chat, and no prompt was served from a cache."""
+    backend = {"model_id": "mock run", "options": MOCK}
+    config = explain_config_from_yaml(yaml.safe_dump(nlp_shap_config(backend, "logprob", kv_cache=False)))
     output = ExplainRunner(config).explain_sync(ConversationSnapshot.from_json(json.dumps(SNAPSHOT)))
     assert_efficient(output.to_dict())
+    assert output.to_dict()["metrics"]["kv_cache_reused_tokens"] == 0
     reply = lmhost.Host({"backend": MOCK}).generate(MESSAGES, max_new_tokens=8, top_k=1)
     mean = sum(reply["logprobs"]) / len(reply["logprobs"])
     assert output.to_dict()["grand_value"] == pytest.approx(mean, abs=1e-6)

@@ -57,6 +57,13 @@ def test_generate_score_and_tokenize_agree():
     tokens = host.tokenize(MESSAGES)
     assert len(tokens["token_ids"]) == len(tokens["pieces"]) > 0
     assert host.generate("What colour is the sky?")["text"], "a string is one user message"
+    host.set_kv_cache(False)
+    assert host.generate(MESSAGES)["cached_prompt_tokens"] == 0, "the cache is off"
+    host.set_kv_cache(True, max_entries=4)
+    host.generate(MESSAGES)
+    assert host.generate(MESSAGES)["cached_prompt_tokens"] > 0
+    stats = host.stats()
+    assert stats["kv_cache_hits"] == 1 and stats["kv_cache_reused_tokens"] > 0, stats
 
 
 def test_generation_settings_are_keyword_arguments():
