@@ -14,7 +14,8 @@ import sys
 import pytest
 import yaml
 from nlp_shap.domain.config import GenerationConfig
-from nlp_shap.domain.conversation import ConversationSnapshot
+from nlp_shap.domain.conversation import AudioPart, ConversationSnapshot, Message, TextPart, Turn
+from nlp_shap.domain.enums import Role
 from nlp_shap.errors import BackendUnavailableError
 from nlp_shap.pipeline.config import explain_config_from_yaml
 from nlp_shap.pipeline.runner import ExplainRunner
@@ -131,22 +132,36 @@ def test_python_api_with_the_backend_table_inline_and_logprob_values():
     assert output.to_dict()["grand_value"] == pytest.approx(mean, abs=1e-6)
 
 
-def test_a_config_that_cannot_open_is_backend_unavailable(tmp_path):
-    """nlp-shap's CLI exits 3 ("backend unavailable") with lmhost's message inside."""
+@pytest.mark.parametrize(
+    "toml, expected",
+    [
+        (None, "missing.toml"),
+        ('[backend]\nkind = "mock"\nmodel_id = "m"\n[backend.options]\nreply_wrds = 6\n', "reply_wrds"),
+    ],
+    ids=["missing", "invalid"],
+)
+def test_a_config_that_cannot_open_is_backend_unavailable(tmp_path, toml, expected):
+    """nlp-shap's CLI exits 3 ("backend unavailable") with lmhost's message inside, naming the
+    file that is missing or the option that is wrong."""
     snapshot = tmp_path / "snapshot.json"
     snapshot.write_text(json.dumps(SNAPSHOT))
-    missing = tmp_path / "missing.toml"
-    config = nlp_shap_config({"model_id": str(missing)})
+    lmhost_config = tmp_path / "missing.toml"
+    if toml is not None:
+        lmhost_config.write_text(toml)
+    config = nlp_shap_config({"model_id": str(lmhost_config)})
     code, stderr, _ = run_cli(tmp_path, config, "explain", "--snapshot", snapshot)
     assert code == 3, stderr
-    assert "lmhost cannot open" in stderr and "missing.toml" in stderr
+    assert "lmhost cannot open" in stderr and expected in stderr, stderr
 
 
-def test_settings_lmhost_refuses_are_value_errors():
+def test_settings_and_parts_lmhost_refuses_are_value_errors():
     backend = LmhostBackend(_context({"model_id": "m", "options": MOCK}))
     snapshot = ConversationSnapshot.from_json(json.dumps(SNAPSHOT))
     with pytest.raises(ValueError, match="top_k"):
         asyncio.run(backend.generate(snapshot, GenerationConfig(top_k=-1)))
+    audio = Message(role=Role.USER, content=(TextPart("Listen:"), AudioPart(b"RIFF", 16000)))
+    with pytest.raises(ValueError, match="audio parts"):
+        asyncio.run(backend.generate(ConversationSnapshot.from_turns((Turn((audio,)),)), GenerationConfig()))
     with pytest.raises(BackendUnavailableError, match="lmhost cannot open"):
         missing = LmhostBackend(_context({"model_id": "nowhere.toml"}))
         asyncio.run(missing.generate(snapshot, GenerationConfig()))
