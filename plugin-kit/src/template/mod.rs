@@ -215,10 +215,17 @@ impl ChatTemplate {
                 "its time limit of {} s",
                 limits::TIME.as_secs()
             ))),
-            Err(Breach::Ended(Ending::Signal(signal))) => Err(Failure::Limit(format!(
-                "its memory limit of {} MiB (its render process ended by signal {signal})",
-                limits::MEMORY >> 20
-            ))),
+            // A failed allocation aborts; the kernel's OOM killer sends SIGKILL.
+            Err(Breach::Ended(Ending::Signal(signal @ (libc::SIGABRT | libc::SIGKILL)))) => {
+                Err(Failure::Limit(format!(
+                    "its memory limit of {} MiB (its render process ended by signal {signal})",
+                    limits::MEMORY >> 20
+                )))
+            }
+            Err(Breach::Ended(Ending::Signal(signal))) => Err(Failure::Render {
+                line: None,
+                detail: format!("its render process was ended by signal {signal}"),
+            }),
             Err(Breach::Ended(Ending::Status(status))) => Err(Failure::Render {
                 line: None,
                 detail: format!("its render process failed, exiting with status {status}"),
