@@ -108,6 +108,12 @@ pub(super) enum Failure {
 }
 
 impl Failure {
+    /// A failure of the sandbox's process rather than of a template line.
+    #[cfg(target_os = "linux")]
+    pub(super) fn process(detail: String) -> Self {
+        Failure::Render { line: None, detail }
+    }
+
     pub(super) fn of(err: &minijinja::Error) -> Self {
         use super::limits;
         match err.kind() {

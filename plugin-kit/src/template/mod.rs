@@ -222,18 +222,15 @@ impl ChatTemplate {
                     limits::MEMORY >> 20
                 )))
             }
-            Err(Breach::Ended(Ending::Signal(signal))) => Err(Failure::Render {
-                line: None,
-                detail: format!("its render process was ended by signal {signal}"),
-            }),
-            Err(Breach::Ended(Ending::Status(status))) => Err(Failure::Render {
-                line: None,
-                detail: format!("its render process failed, exiting with status {status}"),
-            }),
-            Err(Breach::Io(e)) => Err(Failure::Render {
-                line: None,
-                detail: format!("cannot run a process to render it in: {e}"),
-            }),
+            Err(Breach::Ended(Ending::Signal(signal))) => Err(Failure::process(format!(
+                "its render process was ended by signal {signal}"
+            ))),
+            Err(Breach::Ended(Ending::Status(status))) => Err(Failure::process(format!(
+                "its render process failed, exiting with status {status}"
+            ))),
+            Err(Breach::Io(e)) => Err(Failure::process(format!(
+                "cannot run a process to render it in: {e}"
+            ))),
         }
     }
 
@@ -292,10 +289,9 @@ fn within_limits(template: &Template, context: Value) -> Result<String, Failure>
 /// A sandbox's message that did not parse: a bug, never the template's doing.
 #[cfg(target_os = "linux")]
 fn unreadable(what: &str, e: &serde_json::Error) -> Failure {
-    Failure::Render {
-        line: None,
-        detail: format!("its render process exchanged an unreadable {what}: {e}"),
-    }
+    Failure::process(format!(
+        "its render process exchanged an unreadable {what}: {e}"
+    ))
 }
 
 /// A render's output, refused past [`limits::OUTPUT`] bytes.
