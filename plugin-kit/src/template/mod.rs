@@ -92,7 +92,8 @@ pub mod limits {
     pub const OUTPUT: usize = 64 << 20;
     /// Bytes one render may allocate (on Linux): room for the output eight times over.
     pub const MEMORY: usize = 512 << 20;
-    /// How long one render may run (on Linux): the fuel runs out in about a second.
+    /// How long one render may run (on Linux): far longer than the fuel lasts, so only a
+    /// render that stalls within one instruction reaches it.
     pub const TIME: Duration = Duration::from_secs(10);
 }
 

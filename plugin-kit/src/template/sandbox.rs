@@ -10,8 +10,9 @@
 //! it inherited, so a runaway value ends it with an allocation failure. It then serves renders
 //! over a socket pair, a frame (length, then bytes) each way, until its parent closes the socket;
 //! the parent kills it past the time limit. A worker that breached a limit is gone, and the next
-//! render starts another. A fork copies the page tables of all the parent holds (about 18 ms a
-//! GiB of heap), which is why one worker serves every render instead of a fork each.
+//! render starts another. A fork copies the page tables of all the parent holds, a cost that grows
+//! with the loaded model (docs/benchmarks.md), which is why one worker serves every render
+//! instead of a fork each.
 //!
 //! A forked child of a threaded process has only the forking thread, so a lock another thread
 //! held at the fork stays held in the worker. Rendering takes none of the process's locks but
