@@ -92,8 +92,9 @@ pub fn specs() -> Vec<OptionSpec> {
         OptionSpec::new(
             "attn_implementation",
             OptionKind::String,
-            json!("eager"),
-            "A registered attention implementation: eager, chunked, or one an app registered.",
+            json!("sdpa"),
+            "A registered attention implementation: sdpa (fused on CPU in f32), eager, chunked, \
+             or one an app registered.",
         ),
         OptionSpec::choice(
             "model_class",
@@ -161,7 +162,7 @@ impl Settings {
                 MemoryBudget::EXPECTED
             ))
         })?;
-        let attn = string(options, "attn_implementation", "eager");
+        let attn = string(options, "attn_implementation", "sdpa");
         attention::resolve(&attn).map_err(PluginError::config)?;
         let model_class = Some(string(options, "model_class", "auto")).filter(|c| c != "auto");
         let kv_cache_dtype = string(options, "kv_cache_dtype", "auto");
@@ -265,7 +266,7 @@ mod tests {
         assert!(s.device().unwrap().is_cpu());
         assert_eq!(s.dtype_on(&Device::Cpu).unwrap(), DType::F32);
         assert_eq!(s.weights, WeightFormat::Auto);
-        assert_eq!(s.attn_implementation, "eager");
+        assert_eq!(s.attn_implementation, "sdpa");
     }
 
     #[test]

@@ -28,7 +28,7 @@ const LANES: usize = 8;
 const LINE: usize = 64;
 
 /// An element of keys and values as a state stores them, read as f32.
-trait Elem: Copy + Send + Sync {
+pub(super) trait Elem: Copy + Send + Sync {
     fn f32(self) -> f32;
 
     /// `x`'s 8 values as f32.
@@ -69,7 +69,7 @@ impl Elem for f16 {
 }
 
 /// The data of a strided `(1, heads, len, head_dim)` tensor on CPU.
-struct Heads<'a, E> {
+pub(super) struct Heads<'a, E> {
     data: &'a [E],
     start: usize,
     head_stride: usize,
@@ -77,18 +77,18 @@ struct Heads<'a, E> {
 }
 
 /// A sequence's keys and values, both f32 or both f16.
-enum Pair<'a> {
+pub(super) enum Pair<'a> {
     F32(Heads<'a, f32>, Heads<'a, f32>),
     F16(Heads<'a, f16>, Heads<'a, f16>),
 }
 
 /// Where head 0's first value is, and the values from one head to the next and from one
 /// position to the next.
-type Strides = (usize, usize, usize);
+pub(super) type Strides = (usize, usize, usize);
 
 /// The strides of a `(1, heads, len, head_dim)` layout whose positions' values are
 /// contiguous.
-fn strides(layout: &Layout) -> Option<Strides> {
+pub(super) fn strides(layout: &Layout) -> Option<Strides> {
     match layout.stride() {
         [_, head_stride, pos_stride, 1] => Some((layout.start_offset(), *head_stride, *pos_stride)),
         _ => None,
@@ -108,7 +108,10 @@ impl<'a, E> Heads<'a, E> {
 
 impl<'a> Pair<'a> {
     /// Keys and values laid out as their strides say, if they are of one type.
-    fn of((k, ks): (Values<'a>, Strides), (v, vs): (Values<'a>, Strides)) -> Option<Self> {
+    pub(super) fn of(
+        (k, ks): (Values<'a>, Strides),
+        (v, vs): (Values<'a>, Strides),
+    ) -> Option<Self> {
         match (k, v) {
             (Values::F32(k), Values::F32(v)) => {
                 Some(Pair::F32(Heads::new(k, ks), Heads::new(v, vs)))
@@ -160,6 +163,13 @@ impl<'a, E: Elem> Heads<'a, E> {
     fn at(&self, h: usize, j: usize, d: usize) -> &'a [E] {
         let s = self.start + h * self.head_stride + j * self.pos_stride;
         &self.data[s..s + d]
+    }
+
+    /// Head `h`'s values at positions `keys`, one after another, where positions lie `d`
+    /// values apart (as a state holds them).
+    pub(super) fn run(&self, h: usize, keys: Range<usize>, d: usize) -> Option<&'a [E]> {
+        let s = self.start + h * self.head_stride + keys.start * self.pos_stride;
+        (self.pos_stride == d).then(|| self.data.get(s..s + keys.len() * d))?
     }
 }
 
@@ -353,7 +363,7 @@ fn attend<E: Elem>(
 }
 
 /// Scores into probabilities, in place.
-fn softmax(scores: &mut [f32]) {
+pub(super) fn softmax(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for s in scores.iter_mut() {
@@ -366,7 +376,7 @@ fn softmax(scores: &mut [f32]) {
 }
 
 /// `a · b` in [`LANES`] partial sums added as a tree.
-fn dot<E: Elem>(a: &[f32], b: &[E]) -> f32 {
+pub(super) fn dot<E: Elem>(a: &[f32], b: &[E]) -> f32 {
     let mut acc = [0f32; LANES];
     let (a_body, a_tail) = a.as_chunks::<LANES>();
     let (b_body, b_tail) = b.as_chunks::<LANES>();
@@ -395,7 +405,7 @@ fn dot<E: Elem>(a: &[f32], b: &[E]) -> f32 {
 /// libm's): per call, a decode row's query head had spent more on allocating its scores (now
 /// in [`SCORES`]) and on libm's `expf` over a few dozen keys than on its FMAs.
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -477,7 +487,7 @@ mod avx2 {
     /// Scores into probabilities, in place, 8 at a time: the same steps as the scalar
     /// [`super::softmax`] (max, `exp(s - max)`, their sum, each divided by it).
     #[target_feature(enable = "avx2,fma")]
-    fn softmax(scores: &mut [f32]) {
+    pub(in crate::attention) fn softmax(scores: &mut [f32]) {
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let (body, tail) = scores.as_chunks_mut::<8>();
         let mut sums = _mm256_setzero_ps();

@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use candle_core::{Device, Result, Tensor, D};
 
 pub mod decode;
+pub mod fused;
 
 /// What an attention call needs besides q, k and v.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +62,47 @@ pub trait Attention: Send + Sync {
     fn rows_in_place(&self) -> bool {
         false
     }
+
+    /// Attention of sequences of a pass that continue one prefix: `prefix` is its keys and
+    /// values `(1, kv_heads, P, head_dim)` where the state that holds them lies, and each item
+    /// has its queries, its own keys and values (positions `P..`) and its params (offset at
+    /// least `P`). Keys and values may be stored in another dtype than the queries (an f16
+    /// state). Returns each item's output shaped as its `q`. By default each item's keys are
+    /// copied after the prefix and [`Attention::forward`] runs on them.
+    fn forward_shared(
+        &self,
+        prefix: (&Tensor, &Tensor),
+        items: &[Shared<'_>],
+    ) -> Result<Vec<Tensor>> {
+        by_copy(self, prefix, items)
+    }
+}
+
+/// [`Attention::forward_shared`] with each item's keys and values copied after the prefix.
+fn by_copy<A: Attention + ?Sized>(
+    attention: &A,
+    (k, v): (&Tensor, &Tensor),
+    items: &[Shared<'_>],
+) -> Result<Vec<Tensor>> {
+    items
+        .iter()
+        .map(|item| {
+            let whole = |prefix: &Tensor, own: &Tensor| {
+                Tensor::cat(&[prefix, own], 2)?.to_dtype(item.q.dtype())
+            };
+            let (k, v) = (whole(k, item.k)?, whole(v, item.v)?);
+            attention.forward(item.q, &k, &v, &item.params)
+        })
+        .collect()
+}
+
+/// One sequence of [`Attention::forward_shared`]: its queries `(1, heads, n, head_dim)`, its own
+/// keys and values after the shared prefix, and how its queries see them.
+pub struct Shared<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub params: AttnParams<'a>,
 }
 
 /// One sequence of a decode pass: its keys and values (as for [`Attention::forward`]) and how
@@ -91,6 +133,7 @@ fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         let mut map: BTreeMap<String, Arc<dyn Attention>> = BTreeMap::new();
+        map.insert("sdpa".into(), Arc::new(Sdpa));
         map.insert("eager".into(), Arc::new(Eager::default()));
         map.insert("chunked".into(), Arc::new(Chunked { chunk: 128 }));
         RwLock::new(map)
@@ -234,6 +277,47 @@ impl Attention for Eager {
             kv_len,
         ))?;
         probs.matmul(&v)?.reshape((b, heads, q_len, d))
+    }
+
+    fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
+        match decode::rows(q, rows)? {
+            Some(out) => Ok(out),
+            None => each_row(self, q, rows),
+        }
+    }
+
+    fn rows_in_place(&self) -> bool {
+        true
+    }
+}
+
+/// The default: [`fused`] where it applies (f32 on CPU), so that sequences continuing a cached
+/// prefix attend to it where it lies; elsewhere [`Eager`]'s ops.
+pub struct Sdpa;
+
+impl Attention for Sdpa {
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams<'_>) -> Result<Tensor> {
+        let item = Shared {
+            q,
+            k,
+            v,
+            params: *p,
+        };
+        match fused::attend(None, std::slice::from_ref(&item))?.and_then(|mut out| out.pop()) {
+            Some(out) => Ok(out),
+            None => Eager::default().forward(q, k, v, p),
+        }
+    }
+
+    fn forward_shared(
+        &self,
+        prefix: (&Tensor, &Tensor),
+        items: &[Shared<'_>],
+    ) -> Result<Vec<Tensor>> {
+        match fused::attend(Some(prefix), items)? {
+            Some(out) => Ok(out),
+            None => by_copy(self, prefix, items),
+        }
     }
 
     fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
@@ -493,6 +577,108 @@ mod tests {
         }
     }
 
+    /// Sequences continuing one prefix, attended to where it lies, come out bit for bit as each
+    /// alone over its whole keys (the cache on and off agree), and within float tolerance of
+    /// eager's. The prefix's 70 positions straddle a block of the fused kernel; items hide
+    /// keys on both sides of the prefix's end, and one sees through a window. Head widths and
+    /// groups for each path: 8 and 24 wide (one and three 8-wide chunks) in groups of three
+    /// query heads and of three then one, 20 wide on the scalar path.
+    #[test]
+    fn sequences_after_a_shared_prefix_attend_as_over_their_whole_keys() {
+        for (n_rep, d) in [(3, 8), (4, 24), (2, 20)] {
+            after_a_shared_prefix(n_rep, d);
+        }
+    }
+
+    fn after_a_shared_prefix(n_rep: usize, d: usize) {
+        let (prefix_len, heads) = (70, 2 * n_rep);
+        let pk = rand((1, 2, prefix_len, d), 1.1);
+        let pv = rand((1, 2, prefix_len, d), 2.9);
+        let hidden = [3..9, 66..75];
+        let cases = [
+            (0, 5, None, None),
+            (
+                4,
+                3,
+                None,
+                Some(Hidden {
+                    from: 72,
+                    keys: &hidden,
+                }),
+            ),
+            (0, 9, Some(20), None),
+        ];
+        let inputs: Vec<(Tensor, Tensor, Tensor, AttnParams<'_>)> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, &(before, n, window, hidden))| {
+                let own = before + n;
+                let params = AttnParams {
+                    scale: 0.35,
+                    n_rep,
+                    offset: prefix_len + before,
+                    sliding_window: window,
+                    hidden,
+                    blocks: &[],
+                };
+                let seed = i as f64;
+                let q = rand((1, heads, n, d), 0.3 + seed);
+                let k = rand((1, 2, own, d), 4.1 + seed);
+                let v = rand((1, 2, own, d), 5.7 + seed);
+                (q, k, v, params)
+            })
+            .collect();
+        let items: Vec<Shared<'_>> = inputs
+            .iter()
+            .map(|(q, k, v, params)| Shared {
+                q,
+                k,
+                v,
+                params: *params,
+            })
+            .collect();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let values = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            values.iter().map(|x| x.to_bits()).collect()
+        };
+        let stored = |t: &Tensor, dtype| t.to_dtype(dtype).unwrap();
+        for dtype in [candle_core::DType::F32, candle_core::DType::F16] {
+            let (pk, pv) = (stored(&pk, dtype), stored(&pv, dtype));
+            let own: Vec<(Tensor, Tensor)> = inputs
+                .iter()
+                .map(|(_, k, v, _)| (stored(k, dtype), stored(v, dtype)))
+                .collect();
+            let items: Vec<Shared<'_>> = inputs
+                .iter()
+                .zip(&own)
+                .map(|((q, _, _, params), (k, v))| Shared {
+                    q,
+                    k,
+                    v,
+                    params: *params,
+                })
+                .collect();
+            let shared = Sdpa.forward_shared((&pk, &pv), &items).unwrap();
+            for (item, out) in items.iter().zip(&shared) {
+                let whole = |p: &Tensor, own: &Tensor| {
+                    let t = Tensor::cat(&[p, own], 2).unwrap();
+                    t.to_dtype(candle_core::DType::F32).unwrap()
+                };
+                let (k, v) = (whole(&pk, item.k), whole(&pv, item.v));
+                let alone = Sdpa.forward(item.q, &k, &v, &item.params).unwrap();
+                assert_eq!(bits(out), bits(&alone), "{dtype:?}, {n_rep} x {d}");
+                let eager = Eager::default().forward(item.q, &k, &v, &item.params);
+                assert!(max_diff(&eager.unwrap(), out) < 1e-5);
+            }
+        }
+        // The generic path copies the prefix before each item's keys: the same values.
+        let copied = by_copy(&Eager::default(), (&pk, &pv), &items).unwrap();
+        let fused = Sdpa.forward_shared((&pk, &pv), &items).unwrap();
+        for (a, b) in copied.iter().zip(&fused) {
+            assert!(max_diff(a, b) < 1e-5);
+        }
+    }
+
     #[test]
     fn unknown_name_lists_registered() {
         let err = resolve("flash9").err().unwrap();
@@ -542,10 +728,9 @@ mod tests {
         let k = rand((1, 2, 10, 8), 1.1);
         let v = rand((1, 2, 10, 8), 2.9);
         let eager = Eager::default().forward(&q, &k, &v, &p).unwrap();
-        let chunked = get("chunked_blocks")
-            .unwrap()
-            .forward(&q, &k, &v, &p)
-            .unwrap();
-        assert!(max_diff(&eager, &chunked) < 1e-5);
+        for other in ["chunked_blocks", "sdpa"] {
+            let out = get(other).unwrap().forward(&q, &k, &v, &p).unwrap();
+            assert!(max_diff(&eager, &out) < 1e-5, "{other}");
+        }
     }
 }
