@@ -264,9 +264,10 @@ impl Engine {
                 let shared = earlier.map_or(0, |(_, n)| n);
                 let prompt = &items[j].tokens[..items[j].cacheable() + 1];
                 match store.lookup(prompt, shared) {
-                    // A scored item's state is dropped after its pass: no room to decode.
+                    // A scored item's state is dropped after its pass: it holds only the rows
+                    // it adds, and attention reads the cached prefix where the cache keeps it.
                     Some((kv, cached)) if !items[j].scored.is_empty() => Resume {
-                        kv: kv.without_spare(),
+                        kv: KvState::after(kv),
                         share: None,
                         at: cached,
                     },

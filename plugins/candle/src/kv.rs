@@ -32,6 +32,38 @@ pub struct KvState {
     /// How a layer's first append stores its keys and values (none: as they come); later
     /// ones follow the layer.
     dtype: Option<DType>,
+    /// Positions `0..base.len()` are another state's, read where it holds them and never copied
+    /// ([`KvState::after`]); `layers` then hold the positions after them.
+    base: Option<Arc<KvState>>,
+}
+
+/// A layer's keys and values as attention reads them after an append: the prefix of a state
+/// made with [`KvState::after`], where that prefix lies, then this state's own positions.
+pub struct Parts {
+    pub prefix: Option<Prefix>,
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+/// The prefix part of [`Parts`].
+pub struct Prefix {
+    pub k: Tensor,
+    pub v: Tensor,
+    /// The buffer and length the prefix is read from: parts with one `id` read one prefix.
+    pub id: (usize, usize),
+}
+
+impl Parts {
+    /// The whole keys and values, the prefix copied before this state's own where there is one.
+    pub fn whole(self) -> Result<(Tensor, Tensor)> {
+        match self.prefix {
+            None => Ok((self.k, self.v)),
+            Some(p) => Ok((
+                Tensor::cat(&[&p.k, &self.k], SEQ_DIM)?,
+                Tensor::cat(&[&p.v, &self.v], SEQ_DIM)?,
+            )),
+        }
+    }
 }
 
 /// Positions a copying append leaves room for past what it writes.
@@ -269,6 +301,40 @@ impl KvState {
             layers: vec![None; n_layers],
             room: Room::Double,
             dtype: None,
+            base: None,
+        }
+    }
+
+    /// A state that continues `prefix` without copying it: its appends go to buffers of its
+    /// own (with no spare room), and attention reads the prefix where `prefix` holds it
+    /// ([`KvState::append_parts`]). For a state scored once and dropped, such as a coalition
+    /// after a long cached context: it costs the positions it adds, not those it continues.
+    /// Such a state never decodes in place ([`KvState::read`] gives `None`).
+    pub fn after(prefix: KvState) -> KvState {
+        if prefix.base.is_some() || prefix.is_empty() {
+            return prefix.without_spare();
+        }
+        let dtype =
+            (prefix.layers.iter().flatten().next()).map_or(prefix.dtype, |l| Some(l.buf.k.dtype()));
+        KvState {
+            layers: vec![None; prefix.layers.len()],
+            room: Room::None,
+            dtype,
+            base: Some(Arc::new(prefix)),
+        }
+    }
+
+    /// Positions read from the state this one continues ([`KvState::after`]).
+    fn base_len(&self) -> usize {
+        self.base.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// This state's own layers as a state of their own (positions counted from the base's
+    /// end).
+    fn own(&self) -> KvState {
+        KvState {
+            base: None,
+            ..self.clone()
         }
     }
 
@@ -297,10 +363,11 @@ impl KvState {
 
     /// Positions held (the same in every layer).
     pub fn len(&self) -> usize {
-        match self.layers.first() {
-            Some(Some(layer)) => layer.len,
-            _ => 0,
-        }
+        self.base_len()
+            + match self.layers.first() {
+                Some(Some(layer)) => layer.len,
+                _ => 0,
+            }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -310,27 +377,49 @@ impl KvState {
     /// Positions its buffers have room for (at least [`KvState::len`]; every layer grows alike,
     /// so the first layer's): what its memory is sized for while it decodes.
     pub fn capacity(&self) -> usize {
-        match self.layers.first() {
-            Some(Some(layer)) => layer.capacity(),
-            _ => 0,
-        }
+        self.base_len()
+            + match self.layers.first() {
+                Some(Some(layer)) => layer.capacity(),
+                _ => 0,
+            }
     }
 
     /// Appends `k` and `v` to `layer`, stored as the layer's keys are (for its first, as
     /// [`KvState::stored_as`] says, else as they come), and returns its whole keys and values
-    /// (views that never change).
+    /// (views that never change; a copy for a state made with [`KvState::after`]).
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.append_parts(layer, k, v)?.whole()
+    }
+
+    /// [`KvState::append`], returning the keys and values in their parts, none copied.
+    pub fn append_parts(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<Parts> {
+        let prefix = match &self.base {
+            Some(base) => match &base.layers[layer] {
+                Some(held) => {
+                    let (k, v) = held.views()?;
+                    let id = (Arc::as_ptr(&held.buf) as usize, held.len);
+                    Some(Prefix { k, v, id })
+                }
+                None => None,
+            },
+            None => None,
+        };
         let slot = &mut self.layers[layer];
         let dtype = slot.as_ref().map(|held| held.buf.k.dtype()).or(self.dtype);
         let stored = |t: &Tensor| dtype.map_or_else(|| Ok(t.clone()), |dtype| t.to_dtype(dtype));
         let (k, v) = (&stored(k)?, &stored(v)?);
-        if let Some(held) = slot {
-            if held.append_in_place(k, v)? {
-                return held.views();
+        let in_place = match slot.as_mut() {
+            Some(held) => held.append_in_place(k, v)?,
+            None => false,
+        };
+        let (k, v) = match slot {
+            Some(held) if in_place => held.views()?,
+            _ => {
+                let grown = Layer::grown(slot.as_ref(), k, v, self.room)?;
+                slot.insert(grown).views()?
             }
-        }
-        let grown = Layer::grown(slot.as_ref(), k, v, self.room)?;
-        slot.insert(grown).views()
+        };
+        Ok(Parts { prefix, k, v })
     }
 
     /// Appends one position to `layer`: `k` and `v` are `(kv_heads, head_dim)` row-major f32.
@@ -354,6 +443,9 @@ impl KvState {
     /// Runs `f` over `layer`'s keys and values where they lie, if the layer holds f32 or f16
     /// values on CPU; `None` otherwise.
     pub fn read<R>(&self, layer: usize, f: impl FnOnce(LayerData<'_>) -> R) -> Option<R> {
+        if self.base.is_some() {
+            return None;
+        }
         let held = self.layers.get(layer)?.as_ref()?;
         let (k, layout) = held.buf.k.storage_and_layout();
         let (v, v_layout) = held.buf.v.storage_and_layout();
@@ -376,36 +468,80 @@ impl KvState {
     /// Makes `layer` hold positions `0..len` of `other`'s `layer` (a view, no copy): a sequence
     /// of a packed forward taking a prefix another sequence of the same pass has just computed.
     /// A later append here writes past `len` in place only if `other` holds no more than `len`.
+    /// Where `other` continues a state ([`KvState::after`]), so does this one, from the first
+    /// layer adopted on: it reads the positions `other` reads there.
     pub fn adopt(&mut self, layer: usize, other: &KvState, len: usize) -> Result<()> {
+        let from_base = other.base_len().min(len);
+        if let (Some(base), None) = (&other.base, &self.base) {
+            let mut base = (**base).clone();
+            base.crop(from_base)?;
+            self.base = Some(Arc::new(base));
+            self.room = Room::None;
+        }
         self.layers[layer] = match &other.layers[layer] {
-            Some(held) if len > 0 => Some(held.prefix(len)?),
+            Some(held) if len > from_base => Some(held.prefix(len - from_base)?),
             _ => None,
         };
         Ok(())
     }
 
-    /// Keeps the first `len` positions of every layer.
+    /// Keeps the first `len` positions of every layer. A state made with [`KvState::after`]
+    /// cropped into its prefix becomes a view of that prefix.
     pub fn crop(&mut self, len: usize) -> Result<()> {
+        let base_len = self.base_len();
+        if let Some(base) = self.base.take_if(|_| len <= base_len) {
+            let mut base = (*base).clone();
+            base.crop(len)?;
+            self.layers = base.layers;
+            return Ok(());
+        }
+        let own = len - base_len;
         for slot in &mut self.layers {
             if let Some(held) = slot {
-                *slot = if len == 0 {
+                *slot = if own == 0 {
                     None
                 } else {
-                    Some(held.prefix(len)?)
+                    Some(held.prefix(own)?)
                 };
             }
         }
         Ok(())
     }
 
-    /// The keys and values of `layer`, if anything was appended to it.
+    /// The keys and values of `layer`, if anything was appended to it (copied after the prefix
+    /// for a state made with [`KvState::after`]).
     pub fn layer(&self, layer: usize) -> Option<(Tensor, Tensor)> {
-        self.layers.get(layer)?.as_ref()?.views().ok()
+        let own = self
+            .layers
+            .get(layer)?
+            .as_ref()
+            .and_then(|l| l.views().ok());
+        let Some(base) = self.base.as_ref().and_then(|b| b.layer(layer)) else {
+            return own;
+        };
+        match own {
+            None => Some(base),
+            Some((k, v)) => Some((
+                Tensor::cat(&[&base.0, &k], SEQ_DIM).ok()?,
+                Tensor::cat(&[&base.1, &v], SEQ_DIM).ok()?,
+            )),
+        }
     }
 
     /// Positions `start..start + len` as a state of their own, copied into exactly-sized
     /// buffers: a stored segment never keeps a larger tensor it was cut from alive.
     pub fn slice(&self, start: usize, len: usize) -> Result<KvState> {
+        if let Some(base) = &self.base {
+            let b = base.len();
+            return match (start >= b, start + len <= b) {
+                (true, _) => self.own().slice(start - b, len),
+                (_, true) => base.slice(start, len),
+                _ => KvState::concat(&[
+                    base.slice(start, b - start)?,
+                    self.own().slice(0, start + len - b)?,
+                ]),
+            };
+        }
         let copy = |t: &Tensor| t.narrow(SEQ_DIM, start, len)?.force_contiguous();
         let layers = self
             .layers
@@ -422,6 +558,7 @@ impl KvState {
             layers,
             room: Room::Double,
             dtype: self.dtype,
+            base: None,
         })
     }
 
@@ -454,20 +591,23 @@ impl KvState {
             layers,
             room: Room::Double,
             dtype: parts.last().map_or(first.dtype, |last| last.dtype),
+            base: None,
         })
     }
 
     /// Bytes of the positions held (a cropped view is counted at its cropped length; spare
     /// capacity is not counted).
     pub fn bytes(&self) -> u64 {
-        self.layers
-            .iter()
-            .flatten()
-            .map(|l| {
-                let (_, heads, _, d) = l.buf.k.dims4().unwrap_or_default();
-                (2 * heads * l.len * d * l.buf.k.dtype().size_in_bytes()) as u64
-            })
-            .sum()
+        self.base.as_ref().map_or(0, |b| b.bytes())
+            + self
+                .layers
+                .iter()
+                .flatten()
+                .map(|l| {
+                    let (_, heads, _, d) = l.buf.k.dims4().unwrap_or_default();
+                    (2 * heads * l.len * d * l.buf.k.dtype().size_in_bytes()) as u64
+                })
+                .sum::<u64>()
     }
 }
 
@@ -568,6 +708,52 @@ mod tests {
         step(&mut short, 1.0, 10);
         step(&mut short, 1.0, 1);
         assert_eq!(capacity(&short), 20, "capped at doubling");
+    }
+
+    /// A state made with `after` adds buffers for its own positions only: attention reads the
+    /// prefix where the cached state holds it (one id for every state continuing it), and
+    /// slices, crops, copies and shares across the prefix's end hold what a flat state holds.
+    #[test]
+    fn a_state_after_a_prefix_holds_only_its_own_positions() {
+        let cached = state_of(&[1.0, 2.0, 3.0]);
+        let mut a = KvState::after(cached.clone());
+        let mut b = KvState::after(cached.clone());
+        let t = |x: f32, n| Tensor::full(x, (1, 2, n, 4), &Device::Cpu).unwrap();
+        let pa = a.append_parts(0, &t(4.0, 2), &t(-4.0, 2)).unwrap();
+        let pb = b.append_parts(0, &t(5.0, 1), &t(-5.0, 1)).unwrap();
+        let (prefix_a, prefix_b) = (pa.prefix.unwrap(), pb.prefix.unwrap());
+        assert_eq!(prefix_a.id, prefix_b.id, "one prefix, read where it lies");
+        assert_eq!(prefix_a.id.0, Arc::as_ptr(buffer(&cached)) as usize);
+        assert_eq!(pa.k.dims()[2], 2, "its own positions only");
+        assert_eq!((a.len(), a.bytes()), (5, cached.bytes() / 3 * 5));
+        assert_eq!(values(&a), [1.0, 2.0, 3.0, 4.0, 4.0]);
+        assert_eq!(
+            values(&cached),
+            [1.0, 2.0, 3.0],
+            "the cached state is untouched"
+        );
+        for (start, len) in [(0, 2), (1, 4), (3, 2), (4, 1)] {
+            let flat = state_of(&[1.0, 2.0, 3.0, 4.0, 4.0]);
+            let want = values(&flat.slice(start, len).unwrap());
+            assert_eq!(values(&a.slice(start, len).unwrap()), want, "{start}+{len}");
+        }
+        // A sequence of the same pass taking 4 positions of `a` reads the prefix where it
+        // lies too, and one position of `a`'s own.
+        let mut c = KvState::new(1);
+        c.adopt(0, &a, 4).unwrap();
+        let pc = c.append_parts(0, &t(6.0, 1), &t(-6.0, 1)).unwrap();
+        assert_eq!(pc.prefix.unwrap().id, prefix_a.id);
+        assert_eq!(values(&c), [1.0, 2.0, 3.0, 4.0, 6.0]);
+        assert_eq!(values(&a), [1.0, 2.0, 3.0, 4.0, 4.0], "`a` is untouched");
+        let mut cropped = a.clone();
+        cropped.crop(4).unwrap();
+        assert_eq!(values(&cropped), [1.0, 2.0, 3.0, 4.0]);
+        cropped.crop(2).unwrap();
+        assert_eq!((cropped.len(), values(&cropped)), (2, vec![1.0, 2.0]));
+        assert!(
+            Arc::ptr_eq(buffer(&cropped), buffer(&cached)),
+            "a view of the prefix"
+        );
     }
 
     #[test]

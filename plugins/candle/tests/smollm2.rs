@@ -546,16 +546,45 @@ fn hidden_spans_become_the_tokens_that_spell_them() {
     assert_eq!(whole.hidden, plan.hidden);
 }
 
+/// `sdpa`, counting the sequences each `forward_shared` call gets.
+struct Counted;
+
+/// The most sequences one `forward_shared` call got.
+static SHARED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl lmhost_candle::attention::Attention for Counted {
+    fn forward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        p: &lmhost_candle::attention::AttnParams<'_>,
+    ) -> candle_core::Result<Tensor> {
+        lmhost_candle::attention::Sdpa.forward(q, k, v, p)
+    }
+
+    fn forward_shared(
+        &self,
+        prefix: (&Tensor, &Tensor),
+        items: &[lmhost_candle::attention::Shared<'_>],
+    ) -> candle_core::Result<Vec<Tensor>> {
+        SHARED.fetch_max(items.len(), std::sync::atomic::Ordering::SeqCst);
+        lmhost_candle::attention::Sdpa.forward_shared(prefix, items)
+    }
+}
+
 /// `score_hidden`: hiding nothing is `score`; the cache on or off and one entry or a batch give
-/// the same logprobs (so hidden keys apply to the rows from the last message on only); only
-/// those rows are computed once the prompt is cached; and hiding the sentence that holds the
-/// answer costs the answer far more than hiding an unrelated one.
+/// the same logprobs, bit for bit (so hidden keys apply to the rows from the last message on
+/// only); only those rows are computed once the prompt is cached, the entries of a batch
+/// attending to the cached prompt together, where the cache holds it; and hiding the sentence
+/// that holds the answer costs the answer far more than hiding an unrelated one.
 #[test]
 fn score_hidden_hides_spans_from_the_last_message_on_and_reuses_the_rest() {
     let (snapshot, parts) = hiding_case();
+    lmhost_candle::attention::register("sdpa_counted", Arc::new(Counted));
     let (off, on) = (
         open(json!({"weights": "f32"})),
-        open(json!({"weights": "f32"})),
+        open(json!({"weights": "f32", "attn_implementation": "sdpa_counted"})),
     );
     on.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
         enabled: true,
@@ -579,9 +608,10 @@ fn score_hidden_hides_spans_from_the_last_message_on_and_reuses_the_rest() {
     assert!(max_abs_diff(&cold[0].logprobs, &plain.logprobs) <= 1e-5);
     for (c, w) in cold.iter().zip(&warm) {
         assert_eq!(c.token_ids, w.token_ids);
-        assert!(max_abs_diff(&c.logprobs, &w.logprobs) <= 1e-5);
+        assert_eq!(c.logprobs, w.logprobs);
     }
-    assert!(max_abs_diff(&alone[0].logprobs, &warm[1].logprobs) <= 1e-5);
+    assert_eq!(alone[0].logprobs, warm[1].logprobs);
+    assert_eq!(SHARED.load(std::sync::atomic::Ordering::SeqCst), 4);
     let computed = |r: &lmhost_plugin_api::ScoreRecord| r.prompt_tokens - r.cached_prompt_tokens;
     assert_eq!(computed(&cold[1]), cold[1].prompt_tokens, "cache off");
     assert!(

@@ -25,8 +25,8 @@ use candle_core::{DType, Device};
 
 use candle_core::{Result, Tensor};
 
-use crate::attention::{Attention, AttnParams, Hidden, RowKeys};
-use crate::kv::KvState;
+use crate::attention::{Attention, AttnParams, Hidden, RowKeys, Shared};
+use crate::kv::{KvState, Prefix};
 use crate::weights::{self, WeightFormat, WeightSource};
 use lmhost_plugin_kit::multimodal::image_runs;
 
@@ -291,8 +291,9 @@ pub struct Mask {
 /// rotated); each sequence's keys and values are appended to its state at `layer`, after it
 /// adopts the prefix it shares with an earlier sequence. A decode pass (one row per sequence,
 /// inside [`weights::generating`]) takes all rows in one [`Attention::forward_rows`]; every other
-/// pass one `forward` per sequence, so that prompts and scores never depend on it. Returns
-/// `(1, rows, heads * head_dim)`.
+/// pass one `forward` per sequence, so that prompts and scores never depend on it, except that
+/// the sequences continuing one prefix where it lies ([`KvState::after`]) go through one
+/// [`Attention::forward_shared`] together. Returns `(1, rows, heads * head_dim)`.
 pub fn attend_packed(
     attention: &dyn Attention,
     layer: usize,
@@ -321,8 +322,10 @@ pub fn attend_packed(
             candle_core::bail!("a prompt's pass ends inside an image, whose tokens must run whole");
         }
     }
-    let mut outs = Vec::with_capacity(seqs.len());
+    let mut outs: Vec<Option<Tensor>> = vec![None; seqs.len()];
     let mut states = Vec::with_capacity(seqs.len());
+    // Sequences continuing one prefix where it lies, by the prefix they read.
+    let mut groups: Vec<(Prefix, Vec<Pending<'_>>)> = Vec::new();
     let mut row = 0;
     for (j, &offset) in starts.iter().enumerate() {
         let (earlier, rest) = seqs.split_at_mut(j);
@@ -331,12 +334,9 @@ pub fn attend_packed(
         if let Some((i, shared)) = seq.share {
             seq.kv.adopt(layer, earlier[i].kv, shared)?;
         }
-        let (k, v) = seq
+        let parts = seq
             .kv
-            .append(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
-        // Keys and values stored in f16 are attended to in the queries' dtype (the in-place
-        // decode step reads them where they lie instead).
-        let (k, v) = (k.to_dtype(q.dtype())?, v.to_dtype(q.dtype())?);
+            .append_parts(layer, &k.narrow(2, row, n)?, &v.narrow(2, row, n)?)?;
         let params = AttnParams {
             scale,
             n_rep,
@@ -345,14 +345,30 @@ pub fn attend_packed(
             hidden: seq.hidden,
             blocks: &blocks[j],
         };
-        if decode {
-            states.push((k, v, params));
-        } else {
-            let q = q.narrow(2, row, n)?.contiguous()?;
-            outs.push(attention.forward(&q, &k, &v, &params)?);
+        let q_rows = || q.narrow(2, row, n)?.contiguous();
+        match parts.prefix {
+            Some(prefix) if !decode => {
+                let item = (j, q_rows()?, parts.k, parts.v, params);
+                match groups.iter_mut().find(|(p, _)| p.id == prefix.id) {
+                    Some((_, items)) => items.push(item),
+                    None => groups.push((prefix, vec![item])),
+                }
+            }
+            _ => {
+                let (k, v) = parts.whole()?;
+                // Keys and values stored in f16 are attended to in the queries' dtype (the
+                // in-place decode step reads them where they lie instead).
+                let (k, v) = (k.to_dtype(q.dtype())?, v.to_dtype(q.dtype())?);
+                if decode {
+                    states.push((k, v, params));
+                } else {
+                    outs[j] = Some(attention.forward(&q_rows()?, &k, &v, &params)?);
+                }
+            }
         }
         row += n;
     }
+    attend_groups(attention, &groups, &mut outs)?;
     let y = if decode {
         let keys: Vec<RowKeys<'_>> = states
             .iter()
@@ -364,9 +380,41 @@ pub fn attend_packed(
             .collect();
         attention.forward_rows(q, &keys)?
     } else {
+        let outs: Option<Vec<Tensor>> = outs.into_iter().collect();
+        let outs =
+            outs.ok_or_else(|| candle_core::Error::Msg("a sequence had no attention".into()))?;
         Tensor::cat(&outs, 2)?
     };
     y.transpose(1, 2)?.reshape((1, rows, nh * d))
+}
+
+/// A sequence of a pass waiting for its group's attention: its index in the pass, its queries,
+/// its own keys and values, and how its queries see them.
+type Pending<'p> = (usize, Tensor, Tensor, Tensor, AttnParams<'p>);
+
+/// One [`Attention::forward_shared`] per group of sequences continuing one prefix, each output
+/// into `outs` at its sequence's index.
+fn attend_groups(
+    attention: &dyn Attention,
+    groups: &[(Prefix, Vec<Pending<'_>>)],
+    outs: &mut [Option<Tensor>],
+) -> Result<()> {
+    for (prefix, items) in groups {
+        let shared: Vec<Shared<'_>> = items
+            .iter()
+            .map(|(_, q, k, v, params)| Shared {
+                q,
+                k,
+                v,
+                params: *params,
+            })
+            .collect();
+        let out = attention.forward_shared((&prefix.k, &prefix.v), &shared)?;
+        for ((j, ..), out) in items.iter().zip(out) {
+            outs[*j] = Some(out);
+        }
+    }
+    Ok(())
 }
 
 /// Each sequence's start position, after checking that every share points at an earlier
