@@ -116,7 +116,7 @@ pub struct WeightBytes {
 }
 
 /// The types of which candle 0.11 keeps a repacked copy on x86 or aarch64 CPUs.
-const PACKED: &[GgmlDType] = &[
+pub(crate) const PACKED: &[GgmlDType] = &[
     GgmlDType::Q4_0,
     GgmlDType::Q4K,
     GgmlDType::Q5K,

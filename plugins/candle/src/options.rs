@@ -77,7 +77,7 @@ pub fn specs() -> Vec<OptionSpec> {
              prompts too where the kernels have AVX2 or AVX-512), as_stored, compact; as stored \
              elsewhere), as_stored \
              (candle's kernels; on CPU they add a repacked copy of Q4_0/Q4_K/Q5_K/Q6_K/Q8_0 \
-             matrices for fast prefill), compact (as stored, no repacked copy: decode as fast, \
+             matrices for fast prefill; Q4_1 and Q5_0 run lmhost's kernels, as compact), compact (as stored, no repacked copy: decode as fast, \
              prefill slower), f32, q8_0, q4_0, mixed (f32 scoring + Q8_0 generation, as auto).",
         ),
         OptionSpec::new(

@@ -17,7 +17,10 @@ pub enum WeightFormat {
     /// prompts too where [`stored_prompts`] says): generate's logprobs differ from score's by
     /// the Q8_0 error.
     Mixed,
-    /// As the checkpoint stores them (quantized stays quantized), through candle's kernels.
+    /// As the checkpoint stores them (quantized stays quantized), through candle's kernels where
+    /// candle has a fast CPU path for the type, else ours (Q4_1, Q5_0), as [`Compact`] runs them.
+    ///
+    /// [`Compact`]: WeightFormat::Compact
     AsStored,
     /// As stored, quantized matrices on CPU in place (no repacked copy): the types
     /// [`crate::kernels`] runs through our kernels, other types through candle's unpacked ones.

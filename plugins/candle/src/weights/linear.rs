@@ -10,6 +10,7 @@ use candle_core::{DType, Module, Result, Tensor};
 use smallvec::SmallVec;
 
 use crate::kernels::{self, Layout, Path};
+use crate::memory::PACKED;
 
 use super::*;
 
@@ -281,6 +282,21 @@ pub(super) fn dequantize_row(
     }
 }
 
+/// `w` as stored: through candle's kernels where candle has a fast CPU path for its type (the
+/// types it repacks, [`PACKED`]), else through ours where they run it. Candle computes the other
+/// types one row pair at a time, which on a scoring pass's many rows made `as_stored` a cliff
+/// beside `compact` (ours, on the same blocks).
+fn as_stored(w: Weight, dtype: DType) -> Result<Kernel> {
+    if let Weight::Quantized(q) = &w {
+        if !PACKED.contains(&q.dtype()) {
+            if let Some(kernel) = lmhost_kernel(q)? {
+                return Ok(kernel);
+            }
+        }
+    }
+    candle_as_stored(w, dtype)
+}
+
 /// `w` as stored, through candle's kernels (a dense weight in `dtype`).
 fn candle_as_stored(w: Weight, dtype: DType) -> Result<Kernel> {
     Ok(Kernel::Candle(match w {
@@ -311,7 +327,7 @@ impl Linear {
                 },
                 w => (candle_as_stored(w, dtype)?, None),
             },
-            WeightFormat::Auto | WeightFormat::AsStored => (candle_as_stored(w, dtype)?, None),
+            WeightFormat::Auto | WeightFormat::AsStored => (as_stored(w, dtype)?, None),
             WeightFormat::Dense => (dense(&w)?, None),
             WeightFormat::Q8_0 => (requantize(&w, GgmlDType::Q8_0)?, None),
             WeightFormat::Q4_0 => (requantize(&w, GgmlDType::Q4_0)?, None),
@@ -445,6 +461,32 @@ mod tests {
         assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
         assert!(std::panic::catch_unwind(|| generating(|| panic!("in a decode step"))).is_err());
         assert_eq!(diff(&auto.forward(&x)?, &exact)?, 0.0);
+        Ok(())
+    }
+
+    /// `as_stored` runs candle's kernels on the types candle repacks, and ours on the types it
+    /// computes row pair by row pair (Q4_1, Q5_0): the same results as `compact` there, bit for
+    /// bit, and candle's own (which differ from ours in the order of their sums) on Q4_0.
+    #[test]
+    fn as_stored_runs_ours_where_candle_has_no_fast_kernel() -> Result<()> {
+        let x = Tensor::randn(0f32, 1.0, (8, 256), &Device::Cpu)?;
+        let dense = Tensor::randn(0f32, 1.0, (64, 256), &Device::Cpu)?;
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q4_0] {
+            let w = Weight::Quantized(Arc::new(QTensor::quantize(&dense, dtype)?));
+            let layer = |format| Linear::new(w.clone(), None, format, DType::F32);
+            let stored = layer(WeightFormat::AsStored)?;
+            let ours = !PACKED.contains(&dtype);
+            assert_eq!(
+                matches!(stored.prefill, Kernel::Lmhost(_)),
+                ours,
+                "{dtype:?}"
+            );
+            if ours {
+                let compact = layer(WeightFormat::Compact)?.forward(&x)?;
+                let gap = stored.forward(&x)?.sub(&compact)?.abs()?.max_all()?;
+                assert_eq!(gap.to_scalar::<f32>()?, 0.0, "{dtype:?}");
+            }
+        }
         Ok(())
     }
 
