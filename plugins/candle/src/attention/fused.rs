@@ -228,6 +228,11 @@ fn tile<E: Elem>(
         let r = task.rows.start + ri;
         (0..n_rep).map(move |rep| queries.at(g * n_rep + rep, r))
     };
+    // A piece's keys (or values) where they lie: in the prefix's state or the sequence's own.
+    let lying = |in_prefix: bool, values: bool, keys: Range<usize>| {
+        let (k, v) = if in_prefix { prefix? } else { own };
+        (if values { v } else { k }).run(g, keys, d)
+    };
     let ops = Ops::new(d);
     let scale = params.scale as f32;
     let mut out = vec![0f32; task.rows.len() * n_rep * d];
@@ -236,12 +241,7 @@ fn tile<E: Elem>(
         scores.clear();
         scores.resize(total, 0.0);
         pieces(&runs, shape.prefix, |ri, at, keys, in_prefix| {
-            let k = if in_prefix {
-                prefix.map(|p| p.0)
-            } else {
-                Some(own.0)
-            };
-            let Some(run) = k.and_then(|k| k.run(g, keys.clone(), d)) else {
+            let Some(run) = lying(in_prefix, false, keys.clone()) else {
                 complete = false;
                 return;
             };
@@ -255,12 +255,7 @@ fn tile<E: Elem>(
             rows.for_each(|w| ops.softmax(w));
         }
         pieces(&runs, shape.prefix, |ri, at, keys, in_prefix| {
-            let v = if in_prefix {
-                prefix.map(|p| p.1)
-            } else {
-                Some(own.1)
-            };
-            let Some(run) = v.and_then(|v| v.run(g, keys.clone(), d)) else {
+            let Some(run) = lying(in_prefix, true, keys.clone()) else {
                 complete = false;
                 return;
             };
