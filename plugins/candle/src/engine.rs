@@ -10,7 +10,8 @@
 //! read once per pass, the dominant cost of a small batch on CPU), and a prompt may take its
 //! prefix from an earlier prompt of the same pass, so batching loses no cache reuse.
 //!
-//! Results do not depend on how a prompt was split: keys are padded in attention (see
+//! Results do not depend on how a prompt was split: attention computes each row alone over its
+//! keys wherever they lie (`sdpa`, [`crate::attention::fused`]; eager and chunked pad their keys,
 //! [`crate::attention::KEY_ALIGN`]) and every pass has at least [`MIN_ROWS`] rows, so with f32
 //! weights a prompt's logprobs come out bit-identical with the cache on or off, alone or batched.
 

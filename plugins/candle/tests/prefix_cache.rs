@@ -30,9 +30,10 @@ const PLAYERS: [(Role, &str); 5] = [
 ];
 const QUESTION: &str = "Which item should we bake more of?";
 const REPLY: &str = "Bake more croissants.";
-/// The bound. Measured here: 0 (bit-identical), because attention pads its keys and
-/// every pass has at least `MIN_ROWS` rows, so a row's arithmetic does not depend on how its
-/// prompt was split (see `engine`). Another CPU's GEMM kernels may round skinny passes apart.
+/// The bound. Measured here: 0 (bit-identical), because attention computes each row
+/// alone wherever its keys lie and every pass has at least `MIN_ROWS` rows, so a row's
+/// arithmetic does not depend on how its prompt was split (see `engine`). Another CPU's GEMM
+/// kernels may round skinny passes apart.
 const TOLERANCE: f32 = 1e-5;
 
 fn model_path() -> PathBuf {
