@@ -127,6 +127,19 @@ fn each_row<A: Attention + ?Sized>(
     Tensor::cat(&outs, 2)
 }
 
+/// The built-in implementations' decode rows: [`decode::rows`] where it applies, else
+/// [`each_row`].
+fn built_in_rows<A: Attention + ?Sized>(
+    attention: &A,
+    q: &Tensor,
+    rows: &[RowKeys<'_>],
+) -> Result<Tensor> {
+    match decode::rows(q, rows)? {
+        Some(out) => Ok(out),
+        None => each_row(attention, q, rows),
+    }
+}
+
 type Registry = RwLock<BTreeMap<String, Arc<dyn Attention>>>;
 
 fn registry() -> &'static Registry {
@@ -280,10 +293,7 @@ impl Attention for Eager {
     }
 
     fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
-        match decode::rows(q, rows)? {
-            Some(out) => Ok(out),
-            None => each_row(self, q, rows),
-        }
+        built_in_rows(self, q, rows)
     }
 
     fn rows_in_place(&self) -> bool {
@@ -321,10 +331,7 @@ impl Attention for Sdpa {
     }
 
     fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
-        match decode::rows(q, rows)? {
-            Some(out) => Ok(out),
-            None => each_row(self, q, rows),
-        }
+        built_in_rows(self, q, rows)
     }
 
     fn rows_in_place(&self) -> bool {
@@ -370,10 +377,7 @@ impl Attention for Chunked {
     }
 
     fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
-        match decode::rows(q, rows)? {
-            Some(out) => Ok(out),
-            None => each_row(self, q, rows),
-        }
+        built_in_rows(self, q, rows)
     }
 
     fn rows_in_place(&self) -> bool {
