@@ -21,6 +21,7 @@ pub mod coalition;
 pub mod error;
 pub mod estimators;
 pub mod hierarchy;
+pub mod interactions;
 pub mod media;
 pub mod normalize;
 pub mod players;
@@ -36,12 +37,13 @@ use serde::Serialize;
 pub use coalition::{render, Coalition};
 pub use error::ExplainError;
 pub use estimators::{Estimates, EstimatorSettings, Plan};
+pub use interactions::{Interaction, InteractionValues};
 pub use media::{ImageRegions, MediaSpec, Piece, Region};
 pub use players::{HiddenParts, Player, PlayerSpec, Players};
 pub use schedule::Schedule;
 pub use settings::{
     Absence, AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers,
-    Normalizer, ValueKind,
+    InteractionIndex, Interactions, Normalizer, ValueKind,
 };
 pub use stopping::{StopReason, Stopped, Stopping};
 pub use trust::Trust;
@@ -178,6 +180,7 @@ impl Job {
             coalitions: self.plan.coalitions().len(),
             unique_prompts: self.schedule.prompts.len(),
             per_token: None,
+            interactions: self.plan.interactions(per_coalition),
         }
     }
 
@@ -265,6 +268,8 @@ pub struct Explanation {
     /// `[player][answer token]`: each player's attribution to each answer token's part of the
     /// value (see [`Job::per_token`]); `None` for values not made of tokens.
     pub per_token: Option<Vec<Vec<f64>>>,
+    /// What the players do together, when the settings ask (`interactions`).
+    pub interactions: Option<InteractionValues>,
 }
 
 #[cfg(test)]

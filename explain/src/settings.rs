@@ -201,3 +201,16 @@ mod tests {
         );
     }
 }
+
+named_enum! {
+    /// Which interactions an explanation adds to its attributions ([`crate::interactions`]):
+    /// none, every pair of players, or every subset (`exact` over a few players only).
+    Interactions { None = "none", Pairs = "pairs", All = "all" } default None
+}
+
+named_enum! {
+    /// How an interaction is measured: k-SII (the pairs' and the players' values sum to the
+    /// total, like Shapley values), SII (the Shapley interaction index) or the Möbius transform
+    /// (each subset's effect that no smaller subset has).
+    InteractionIndex { KSii = "k-sii", Sii = "sii", Moebius = "moebius" } default KSii
+}

@@ -166,6 +166,7 @@ mod tests {
             coalitions: 0,
             unique_prompts: 0,
             per_token: None,
+            interactions: None,
         }
     }
 

@@ -19,7 +19,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::coalition::Coalition;
 use super::error::ExplainError;
-use super::settings::{Estimand, EstimatorKind};
+use super::interactions::{self, InteractionValues};
+use super::settings::{Estimand, EstimatorKind, InteractionIndex, Interactions};
 
 /// How to estimate.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +32,9 @@ pub struct EstimatorSettings {
     pub seed: u64,
     /// `exact` refuses more players than this.
     pub max_exact_players: usize,
+    /// Which interactions to estimate besides the attributions.
+    pub interactions: Interactions,
+    pub interaction_index: InteractionIndex,
 }
 
 impl Default for EstimatorSettings {
@@ -41,6 +45,8 @@ impl Default for EstimatorSettings {
             budget: 1000,
             seed: 0,
             max_exact_players: 16,
+            interactions: Interactions::None,
+            interaction_index: InteractionIndex::KSii,
         }
     }
 }
@@ -163,6 +169,7 @@ impl Plan {
                 ))
             }
         };
+        check_interactions(n, settings)?;
         Ok(Plan {
             n,
             settings: settings.clone(),
@@ -215,6 +222,45 @@ impl Plan {
             PlanKind::Lasso(lasso) => lasso.estimate(&self.coalitions, values),
         }
     }
+
+    /// The interactions the settings ask for, from the same `values` as [`Plan::estimate`];
+    /// `None` when they ask for none.
+    pub fn interactions(&self, values: &[f64]) -> Option<InteractionValues> {
+        let order = interactions::order(self.settings.interactions, self.n).ok()?;
+        match self.kind {
+            PlanKind::Exact if order > 0 => Some(interactions::exact(
+                self.n,
+                values,
+                self.settings.interaction_index,
+                order,
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Refuses interactions the settings cannot give, naming the setting to change.
+fn check_interactions(n: usize, settings: &EstimatorSettings) -> Result<(), ExplainError> {
+    if settings.interactions == Interactions::None {
+        return Ok(());
+    }
+    if settings.kind != EstimatorKind::Exact {
+        return Err(ExplainError::Estimator(format!(
+            "`interactions = \"{}\"` needs `estimator = \"exact\"` (every coalition's \
+             value); `{}` does not give them",
+            settings.interactions, settings.kind
+        )));
+    }
+    if settings.estimand == Estimand::Banzhaf
+        && settings.interaction_index != InteractionIndex::Moebius
+    {
+        return Err(ExplainError::Estimator(format!(
+            "`interaction_index = \"{}\"` extends Shapley values; with `estimand = \
+             \"banzhaf\"` use `interaction_index = \"moebius\"`",
+            settings.interaction_index
+        )));
+    }
+    interactions::order(settings.interactions, n).map(|_| ())
 }
 
 /// Mean and standard error of the mean of `xs` (standard error 0 for fewer than 2 samples).

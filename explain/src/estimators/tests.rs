@@ -1,6 +1,7 @@
 //! Estimators on games with known answers; no model involved.
 
 use super::*;
+use crate::settings::{InteractionIndex, Interactions};
 
 /// v(S) for every coalition of a plan.
 fn values(plan: &Plan, game: impl Fn(&Coalition) -> f64) -> Vec<f64> {
@@ -410,4 +411,53 @@ fn a_smaller_budget_plans_a_prefix_of_a_larger_ones_coalitions() {
             );
         }
     }
+}
+
+#[test]
+fn exact_plans_give_pairs_from_the_values_the_attributions_use() {
+    let settings = EstimatorSettings {
+        interactions: Interactions::Pairs,
+        ..exact(Estimand::Shapley)
+    };
+    let plan = Plan::new(10, &settings).unwrap();
+    let v = values(&plan, rich_game);
+    let pairs = plan.interactions(&v).unwrap();
+    assert_eq!(pairs.index, InteractionIndex::KSii);
+    assert_eq!(pairs.values.len(), 10 + 45);
+    // The planted pair stands out over the sqrt(size) term's small pairwise effects.
+    let top = pairs.strongest();
+    assert_eq!(top[0].players, [0, 2]);
+    assert!(top[0].value > 1.9, "{}", top[0].value);
+    assert!(top[1].value.abs() < 0.1, "{:?}", top[1]);
+    assert!(Plan::new(10, &exact(Estimand::Shapley))
+        .unwrap()
+        .interactions(&v)
+        .is_none());
+}
+
+#[test]
+fn interactions_the_settings_cannot_give_are_refused_before_any_value() {
+    let refused =
+        |settings: EstimatorSettings, n: usize| Plan::new(n, &settings).unwrap_err().to_string();
+    let sampled = EstimatorSettings {
+        interactions: Interactions::Pairs,
+        ..sampling(EstimatorKind::Kernel, Estimand::Shapley, 200)
+    };
+    assert!(refused(sampled, 8).contains("needs `estimator = \"exact\"`"));
+    let banzhaf = EstimatorSettings {
+        interactions: Interactions::Pairs,
+        interaction_index: InteractionIndex::Sii,
+        ..exact(Estimand::Banzhaf)
+    };
+    assert!(refused(banzhaf.clone(), 4).contains("interaction_index = \"moebius\""));
+    let moebius = EstimatorSettings {
+        interaction_index: InteractionIndex::Moebius,
+        ..banzhaf
+    };
+    assert!(Plan::new(4, &moebius).is_ok());
+    let all = EstimatorSettings {
+        interactions: Interactions::All,
+        ..exact(Estimand::Shapley)
+    };
+    assert!(refused(all, 13).contains("2^13 - 1"));
 }
