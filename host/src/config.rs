@@ -9,8 +9,8 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::explain::{
     Absence, AbsenceKind, AudioPlayers, Estimand, EstimatorKind, EstimatorSettings, Fill,
-    Granularity, ImagePlayers, ImageRegions, MediaSpec, Normalizer, PlayerSpec, Stopping,
-    ValueKind,
+    Granularity, ImagePlayers, ImageRegions, InteractionIndex, Interactions, MediaSpec, Normalizer,
+    PlayerSpec, Stopping, ValueKind,
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -129,6 +129,11 @@ pub struct ExplanationConfig {
     pub settle_top: usize,
     /// `exact` refuses more players than this.
     pub max_exact_players: usize,
+    /// `"none"`, `"pairs"` (every pair of players) or `"all"` (every subset, up to 12 players):
+    /// interactions computed from the same values as the attributions (`exact` only).
+    pub interactions: Interactions,
+    /// `"k-sii"`, `"sii"` or `"moebius"`: how an interaction is measured.
+    pub interaction_index: InteractionIndex,
     /// Turn the backend's prefix cache on for the run (`false` turns it off).
     pub kv_cache: bool,
     /// Order prompts for prefix sharing (`false` keeps the estimator's order).
@@ -174,6 +179,8 @@ impl Default for ExplanationConfig {
             target_se: None,
             settle_top: 0,
             max_exact_players: estimator.max_exact_players,
+            interactions: estimator.interactions,
+            interaction_index: estimator.interaction_index,
             kv_cache: true,
             sort_prompts: true,
             batch_size: 32,
@@ -310,6 +317,8 @@ impl ExplanationConfig {
             budget: self.budget,
             seed: self.seed,
             max_exact_players: self.max_exact_players,
+            interactions: self.interactions,
+            interaction_index: self.interaction_index,
         }
     }
 

@@ -272,6 +272,17 @@ impl Explanation {
         to_python(py, &self.outcome.players.players())
     }
 
+    /// With `interactions`: each subset's dict, `players` (ids), `value`, `std_error`, in the
+    /// JSON report's order; `None` without.
+    #[getter]
+    fn interactions(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let document = lmhost::report::json::document(&self.outcome);
+        document
+            .interactions
+            .map(|list| to_python(py, &list))
+            .transpose()
+    }
+
     #[getter]
     fn v_all(&self) -> f64 {
         self.outcome.explanation.v_all

@@ -92,6 +92,18 @@ def test_explanation_matches_the_command_line(tmp_path):
     assert "<html" in ex.to_html() and len(ex) == 3
 
 
+def test_interactions_are_a_keyword_argument_and_match_the_command_line(tmp_path):
+    config = tmp_path / "mock.toml"
+    config.write_text('[backend]\nkind = "mock"\nmodel_id = "mock-model"\n')
+    ex = lmhost.Host(str(config)).explain(MESSAGES, interactions="pairs", interaction_index="sii")
+    report = cli_explain(config, tmp_path, "--interactions", "pairs", "--interaction-index", "sii")
+    assert ex.interactions == report["interactions"]
+    assert [i["players"] for i in ex.interactions[3:]] == [["m0", "m1"], ["m0", "m2"], ["m1", "m2"]]
+    # A player's SII is its Shapley value.
+    assert [i["value"] for i in ex.interactions[:3]] == pytest.approx(ex.values, abs=1e-9)
+    assert lmhost.Host(str(config)).explain(MESSAGES).interactions is None
+
+
 def test_sampling_settings_are_keyword_arguments():
     ex = mock().explain(MESSAGES, players="words", estimator="kernel", budget=64, seed=3)
     assert len(ex.values) == len(ex.players) > 3

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use lmhost::config::ExplanationConfig;
 use lmhost::explain::{
     AbsenceKind, AudioPlayers, Estimand, EstimatorKind, Fill, Granularity, ImagePlayers,
-    Normalizer, ValueKind,
+    InteractionIndex, Interactions, Normalizer, ValueKind,
 };
 use lmhost::explain_run::reanalyze;
 use lmhost::explain_run::{self, RunOptions};
@@ -126,6 +126,14 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     max_exact_players: Option<usize>,
 
+    /// Interactions from the same values: none, pairs or all (every subset; exact only).
+    #[arg(long, value_name = "WHICH")]
+    interactions: Option<Interactions>,
+
+    /// How an interaction is measured: k-sii, sii or moebius.
+    #[arg(long, value_name = "INDEX")]
+    interaction_index: Option<InteractionIndex>,
+
     /// How the reports show the values: identity, abs_sum, min_max or power_shift (nlp-shap's
     /// normalizers; the JSON's `value`s stay as computed).
     #[arg(long, value_name = "HOW")]
@@ -211,6 +219,8 @@ impl Args {
             holdout,
             settle_top,
             max_exact_players,
+            interactions,
+            interaction_index,
             batch_size,
             normalize,
             normalize_power

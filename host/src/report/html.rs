@@ -4,9 +4,11 @@
 //! token shades the conversation by that token's column (the same colours as the totals'),
 //! and `#token=N` in the address opens with token N pinned.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 
-use super::{number, one_line};
+use super::{interaction_ids, interactions_name, number, one_line, TOP_INTERACTIONS};
+use crate::config::ExplanationConfig;
 use crate::explain::Explanation;
 use crate::outcome::Outcome;
 
@@ -61,6 +63,8 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .tok{cursor:pointer;border-radius:.2rem;outline:1px solid #ccc;margin:0 .05rem;white-space:pre}
 .tok.on{background:#1d1d1f;color:#fff}
 .media{margin-top:.4rem}.media svg{display:block;max-width:100%;height:auto;border-radius:.25rem}
+.pairs{width:auto;margin-bottom:1rem}td.ids{white-space:nowrap}.pairs td{min-width:2.4rem;text-align:center;font-size:.75rem;cursor:default}.pairs td.self{background:#f5f5f7}
+tr[data-i]{cursor:default}.linked{outline:2px solid #1d1d1f;outline-offset:1px}
 .media rect{stroke:#fff;stroke-width:.5;vector-effect:non-scaling-stroke}.media rect.r{fill-opacity:.6}
 ";
 
@@ -96,6 +100,23 @@ const SCRIPT: &str = r#"
   const asked = /^#token=(\d+)$/.exec(location.hash);
   if (asked && Number(asked[1]) < data.tokens.length) pinned = Number(asked[1]);
   show(pinned);
+})();
+"#;
+
+/// The interaction links: hovering a pair's cell or a subset's row outlines its players' parts
+/// in the conversation (`data-p`); `#interaction=3,7` in the address opens with them outlined.
+const LINKS: &str = r#"
+(() => {
+  const link = (players, on) => players.forEach((p) =>
+    document.querySelectorAll(`[data-p="${p}"]`).forEach((el) => el.classList.toggle("linked", on)));
+  const asked = /^#interaction=([\d,]+)$/.exec(location.hash);
+  const pinned = asked ? asked[1].split(",").map(Number) : [];
+  document.querySelectorAll("[data-i]").forEach((el) => {
+    const players = el.dataset.i.split(",").map(Number);
+    el.addEventListener("mouseenter", () => { link(pinned, false); link(players, true); });
+    el.addEventListener("mouseleave", () => { link(players, false); link(pinned, true); });
+  });
+  link(pinned, true);
 })();
 "#;
 
@@ -183,6 +204,7 @@ pub fn render(outcome: &Outcome) -> String {
     }
     h.push_str("<h2>Attributions</h2>");
     table(&mut h, e);
+    interactions(&mut h, e, s);
     for level in &outcome.refinements {
         let r = &level.explanation;
         let _ = writeln!(
@@ -268,6 +290,89 @@ fn table(h: &mut String, e: &Explanation) {
         );
     }
     h.push_str("</table>\n");
+}
+
+/// The interactions: the pairs as a matrix shaded like the players, then the strongest subsets
+/// listed, each linked to its parts by [`LINKS`].
+fn interactions(h: &mut String, e: &Explanation, s: &ExplanationConfig) {
+    let Some(values) = &e.interactions else {
+        return;
+    };
+    let pairs: HashMap<(usize, usize), f64> = values
+        .values
+        .iter()
+        .filter_map(|i| match i.players[..] {
+            [a, b] => Some(((a, b), i.value)),
+            _ => None,
+        })
+        .collect();
+    let max = pairs.values().map(|v| v.abs()).fold(0.0, f64::max);
+    let _ = writeln!(
+        h,
+        "<h2>Interactions</h2><p class=\"meta\">{}, shown as computed: what parts do together \
+         beyond what each does alone (red: together they raise the value more than their own \
+         effects add up to). Hover a cell or a row to outline its parts above.</p>",
+        escape(&interactions_name(s))
+    );
+    let ids: Vec<String> = e
+        .attributions
+        .iter()
+        .map(|a| escape(&a.player.id))
+        .collect();
+    h.push_str("<table class=\"pairs\" id=\"pair-matrix\"><tr><th></th>");
+    for id in &ids {
+        let _ = write!(h, "<th>{id}</th>");
+    }
+    h.push_str("</tr>\n");
+    for (a, id) in ids.iter().enumerate() {
+        let _ = write!(h, "<tr><th>{id}</th>");
+        for (b, other) in ids.iter().enumerate() {
+            match pairs.get(&(a.min(b), a.max(b))) {
+                Some(&v) if a != b => {
+                    let _ = write!(
+                        h,
+                        "<td data-i=\"{},{}\" style=\"background:{}\" title=\"{id} × {other} · {}\">\
+                         {v:.2}</td>",
+                        a.min(b),
+                        a.max(b),
+                        shade(v, max),
+                        number(v),
+                    );
+                }
+                _ => h.push_str("<td class=\"self\"></td>"),
+            }
+        }
+        h.push_str("</tr>\n");
+    }
+    h.push_str(
+        "</table>\n<table id=\"strongest\"><tr><th>rank</th><th>ids</th><th>texts</th>\
+         <th>value</th><th>± se</th></tr>\n",
+    );
+    for (rank, i) in values
+        .strongest()
+        .into_iter()
+        .take(TOP_INTERACTIONS)
+        .enumerate()
+    {
+        let players: Vec<String> = i.players.iter().map(usize::to_string).collect();
+        let texts: Vec<String> = i
+            .players
+            .iter()
+            .map(|&p| escape(&one_line(&e.attributions[p].player.text, 60)))
+            .collect();
+        let _ = writeln!(
+            h,
+            "<tr data-i=\"{}\"><td class=\"num\">{}</td><td class=\"ids\">{}</td><td>{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            players.join(","),
+            rank + 1,
+            escape(&interaction_ids(e, &i.players)),
+            texts.join(" <b>×</b> "),
+            number(i.value),
+            i.std_error.map_or("–".into(), number),
+        );
+    }
+    let _ = writeln!(h, "</table>\n<script>{LINKS}</script>");
 }
 
 /// The answer's tokens to hover or pin, the matrix as JSON and the script that reads it.

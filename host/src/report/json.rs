@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::config::ExplanationConfig;
-use crate::explain::{Attribution, Efficiency, Stopped, Trust};
+use crate::explain::{Attribution, Efficiency, Explanation, Stopped, Trust};
 use crate::outcome::{width, Outcome, Refinement, ReplySource, RunStats};
 
 #[derive(Debug, Serialize)]
@@ -28,6 +28,9 @@ pub struct Document<'a> {
     pub stopped: Option<Stopped>,
     /// Attributions to each answer token, for the logprob values; null for the others.
     pub per_token: Option<PerToken<'a>>,
+    /// With `interactions`: every subset of up to `interactions`' order, by size, then in
+    /// player order (the table and the page list the strongest); null without.
+    pub interactions: Option<Vec<InteractionDoc<'a>>>,
     /// With `players = "auto"`, each level after the first; empty otherwise.
     pub refinements: Vec<RefinementDoc<'a>>,
     pub coalitions: Coalitions,
@@ -53,6 +56,15 @@ pub struct PerToken<'a> {
     pub values: &'a [Vec<f64>],
 }
 
+/// One subset's interaction value, its players by id.
+#[derive(Debug, Serialize)]
+pub struct InteractionDoc<'a> {
+    pub players: Vec<&'a str>,
+    pub value: f64,
+    /// Of a sampled estimate; null for exact.
+    pub std_error: Option<f64>,
+}
+
 /// A level of a hierarchical run.
 #[derive(Debug, Serialize)]
 pub struct RefinementDoc<'a> {
@@ -68,6 +80,7 @@ pub struct RefinementDoc<'a> {
     pub trust: Option<&'a Trust>,
     pub stopped: Option<Stopped>,
     pub per_token: Option<PerToken<'a>>,
+    pub interactions: Option<Vec<InteractionDoc<'a>>>,
     /// This level's coalitions, and the distinct prompts they rendered to.
     pub planned: usize,
     pub unique_prompts: usize,
@@ -148,6 +161,7 @@ pub fn document(outcome: &Outcome) -> Document<'_> {
         trust: e.trust.as_ref(),
         stopped: outcome.stopped,
         per_token: per_token(outcome, e.per_token.as_deref()),
+        interactions: interactions(e),
         refinements: outcome
             .refinements
             .iter()
@@ -183,6 +197,20 @@ fn per_token<'a>(outcome: &'a Outcome, values: Option<&'a [Vec<f64>]>) -> Option
     })
 }
 
+fn interactions(e: &Explanation) -> Option<Vec<InteractionDoc<'_>>> {
+    let interactions = e.interactions.as_ref()?;
+    let each = interactions.values.iter().map(|i| InteractionDoc {
+        players: i
+            .players
+            .iter()
+            .map(|&p| e.attributions[p].player.id.as_str())
+            .collect(),
+        value: i.value,
+        std_error: i.std_error,
+    });
+    Some(each.collect())
+}
+
 fn refinement<'a>(outcome: &'a Outcome, level: &'a Refinement) -> RefinementDoc<'a> {
     let e = &level.explanation;
     let mut refined: Vec<&str> = level.parents.iter().map(String::as_str).collect();
@@ -205,6 +233,7 @@ fn refinement<'a>(outcome: &'a Outcome, level: &'a Refinement) -> RefinementDoc<
         trust: e.trust.as_ref(),
         stopped: level.stopped,
         per_token: per_token(outcome, e.per_token.as_deref()),
+        interactions: interactions(e),
         planned: e.coalitions,
         unique_prompts: e.unique_prompts,
     }

@@ -60,6 +60,27 @@ fn normalize(e: &mut Explanation, s: &ExplanationConfig) {
     }
 }
 
+/// How many of the strongest interactions the table and the HTML page list.
+pub(crate) const TOP_INTERACTIONS: usize = 10;
+
+/// An interaction's players by id, "m3 × m7".
+pub(crate) fn interaction_ids(e: &Explanation, players: &[usize]) -> String {
+    let ids: Vec<&str> = players
+        .iter()
+        .map(|&p| e.attributions[p].player.id.as_str())
+        .collect();
+    ids.join(" × ")
+}
+
+/// What a level's interactions are: "k-sii of pairs", "moebius of every subset".
+pub(crate) fn interactions_name(s: &ExplanationConfig) -> String {
+    let which = match s.interactions {
+        crate::explain::Interactions::All => "every subset",
+        _ => "pairs",
+    };
+    format!("{} of {which}", s.interaction_index)
+}
+
 /// Shortens `text` to `width` characters on one line, ending in `…` when cut.
 pub(crate) fn one_line(text: &str, width: usize) -> String {
     let flat: String = text

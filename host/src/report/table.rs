@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{fit, number, one_line};
+use super::{fit, interaction_ids, interactions_name, number, one_line, TOP_INTERACTIONS};
 use crate::config::ExplanationConfig;
 use crate::explain::{
     AudioPlayers, Explanation, Granularity, ImagePlayers, Normalizer, StopReason, Stopped, Trust,
@@ -17,6 +17,9 @@ const TEXT: usize = 29;
 /// Wide enough for a run of sentences, `m12.s16-31`.
 const ID: usize = 10;
 const HALF_BAR: usize = 17;
+/// An interaction row's ids and texts: the row as wide as a player's.
+const IDS: usize = 24;
+const TEXTS: usize = 56;
 
 pub fn render(outcome: &Outcome) -> String {
     let outcome = outcome.shown();
@@ -73,6 +76,7 @@ pub fn render(outcome: &Outcome) -> String {
             eff.gap
         );
     }
+    interaction_rows(&mut out, e, s);
     if let Some(trust) = &e.trust {
         let _ = writeln!(out, "{}", one_line(&trust_line(trust), WIDTH));
     }
@@ -144,6 +148,44 @@ fn rows(out: &mut String, e: &Explanation) {
             fit(a.value, 9),
             se,
             bar(a.value, max)
+        );
+    }
+}
+
+/// The strongest interactions, one row each: their players' ids and texts, and the value.
+fn interaction_rows(out: &mut String, e: &Explanation, s: &ExplanationConfig) {
+    let Some(interactions) = &e.interactions else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "strongest interactions ({}; shown as computed):",
+        interactions_name(s)
+    );
+    let _ = writeln!(
+        out,
+        "{:>4} {:<IDS$} {:<TEXTS$} {:>9}",
+        "rank", "ids", "texts", "value"
+    );
+    for (rank, i) in interactions
+        .strongest()
+        .into_iter()
+        .take(TOP_INTERACTIONS)
+        .enumerate()
+    {
+        let each = TEXTS / i.players.len() - 3;
+        let texts: Vec<String> = i
+            .players
+            .iter()
+            .map(|&p| one_line(&e.attributions[p].player.text, each))
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:>4} {:<IDS$} {:<TEXTS$} {:>9}",
+            rank + 1,
+            one_line(&interaction_ids(e, &i.players), IDS),
+            one_line(&texts.join(" × "), TEXTS),
+            fit(i.value, 9)
         );
     }
 }
