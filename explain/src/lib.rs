@@ -180,7 +180,7 @@ impl Job {
             coalitions: self.plan.coalitions().len(),
             unique_prompts: self.schedule.prompts.len(),
             per_token: None,
-            interactions: self.plan.interactions(per_coalition),
+            interactions: estimates.interactions,
         }
     }
 

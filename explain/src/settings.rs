@@ -204,7 +204,8 @@ mod tests {
 
 named_enum! {
     /// Which interactions an explanation adds to its attributions ([`crate::interactions`]):
-    /// none, every pair of players, or every subset (`exact` over a few players only).
+    /// none, every pair of players (`exact`, or `lasso`'s surrogate with pairs), or every
+    /// subset (`exact` over a few players only).
     Interactions { None = "none", Pairs = "pairs", All = "all" } default None
 }
 

@@ -129,8 +129,9 @@ pub struct ExplanationConfig {
     pub settle_top: usize,
     /// `exact` refuses more players than this.
     pub max_exact_players: usize,
-    /// `"none"`, `"pairs"` (every pair of players) or `"all"` (every subset, up to 12 players):
-    /// interactions computed from the same values as the attributions (`exact` only).
+    /// `"none"`, `"pairs"` (every pair of players; `exact`, or `lasso` with a pair per feature)
+    /// or `"all"` (every subset, up to 12 players; `exact`): interactions from the same values
+    /// as the attributions.
     pub interactions: Interactions,
     /// `"k-sii"`, `"sii"` or `"moebius"`: how an interaction is measured.
     pub interaction_index: InteractionIndex,

@@ -85,6 +85,49 @@ fn pairs_come_with_the_attributions_and_from_a_run_directory_alone() {
 }
 
 #[test]
+fn a_lasso_run_reanalyzed_with_pairs_fits_its_surrogate_on_the_same_coalitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let lasso = ["--estimator", "lasso", "--budget", "64", "--seed", "3"];
+    let run = ["--run-dir", run_dir.to_str().unwrap()];
+    let plain = explain_json(
+        &dir.path().join("plain.json"),
+        &with(&[&lasso[..], &run].concat()),
+    );
+    let pairs = explain_json(
+        &dir.path().join("pairs.json"),
+        &with(
+            &[
+                &lasso[..],
+                &run,
+                &["--interactions", "pairs", "--reanalyze"],
+            ]
+            .concat(),
+        ),
+    );
+    assert!(plain["interactions"].is_null());
+    assert_eq!(pairs["coalitions"]["evaluated"], 0);
+    assert_eq!(
+        pairs["coalitions"]["planned"],
+        plain["coalitions"]["planned"]
+    );
+    let found = interactions(&pairs);
+    assert_eq!(found.len(), 5 + 10);
+    assert!(pairs["interactions"][0]["std_error"].is_null());
+    // The attributions are the surrogate's Shapley values: its own weight and half its pairs'.
+    for (i, player) in pairs["players"].as_array().unwrap().iter().enumerate() {
+        let id = player["id"].as_str().unwrap();
+        let half_pairs: f64 = found[5..]
+            .iter()
+            .filter(|(players, _)| players.iter().any(|p| p == id))
+            .map(|(_, v)| v / 2.0)
+            .sum();
+        let value = player["value"].as_f64().unwrap();
+        assert!((value - (found[i].1 + half_pairs)).abs() < 1e-9, "{id}");
+    }
+}
+
+#[test]
 fn interactions_a_setting_cannot_give_are_refused_before_any_model_call() {
     for (flags, says) in [
         (

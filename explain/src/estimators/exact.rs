@@ -45,6 +45,7 @@ pub(super) fn estimate(n: usize, estimand: Estimand, values: &[f64]) -> Estimate
         *slot = sum;
     }
     Estimates {
+        interactions: None,
         values: phi,
         std_errors: None,
     }

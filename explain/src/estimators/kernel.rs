@@ -137,6 +137,7 @@ impl Kernel {
         }
         if m < 2 {
             return Estimates {
+                interactions: None,
                 values: phi,
                 std_errors: None,
             };
@@ -154,6 +155,7 @@ impl Kernel {
         }
         let scale = (m * (m - 1)) as f64;
         Estimates {
+            interactions: None,
             values: phi,
             std_errors: Some(var.iter().map(|v| (v / scale).sqrt()).collect()),
         }

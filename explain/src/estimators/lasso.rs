@@ -24,6 +24,15 @@
 //! recovered exactly once the budget separates its players; a dense one usually keeps the
 //! shrunken weights.
 //!
+//! With `interactions = "pairs"` the surrogate is second order, after ProxySPEX and SPEX (Kang,
+//! Butler, Agarwal et al. 2025: an LLM's answer is a sparse, low-order function of its inputs):
+//! v(S) ≈ β₀ + Σ_{i∈S} βᵢ + Σ_{i<j, both in S} βᵢⱼ, fitted the same way on the same uniform
+//! ablations, with one more feature per pair. A quadratic game's Möbius transform is its
+//! coefficients, so the βᵢⱼ are the pairs' Möbius, SII and k-SII values alike, and the
+//! attributions are the surrogate's exact Shapley values, βᵢ + ½ Σⱼ βᵢⱼ. The LASSO finds the
+//! few pairs that matter among n(n-1)/2 with far fewer evaluations than a dense regression
+//! (FSII) would need (more unknowns than rows).
+//!
 //! No standard errors: bootstrapping the cross-validated fit would cost 5 × 20 fits per
 //! replicate, and the bootstrap of the LASSO is inconsistent for the zero weights (Chatterjee &
 //! Lahiri 2010), which are the point of a sparse surrogate.
@@ -37,6 +46,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{Coalition, Estimates, ExplainError, Interner};
+use crate::interactions::{Interaction, InteractionValues};
+use crate::settings::InteractionIndex;
 
 /// Rows below which `lasso` refuses to plan: 5 folds need 3 held-out rows each.
 pub(super) const MIN_BUDGET: usize = 16;
@@ -50,15 +61,36 @@ const PATH_SPAN: f64 = 1e-3;
 const TOLERANCE: f64 = 1e-10;
 const MAX_SWEEPS: usize = 2000;
 
-/// A planned LASSO surrogate: the rows of the regression, as coalition indices with repeats.
+/// The most players a surrogate with pairs takes: 64 players have 2,016 pairs, and a fit holds
+/// three matrices of (64 + 2,016)² counts (35 MB each).
+pub(super) const MAX_PAIR_PLAYERS: usize = 64;
+
+/// A planned LASSO surrogate: the rows of the regression, as coalition indices with repeats,
+/// and with pairs, the index their interactions are reported as.
 #[derive(Debug, Clone)]
 pub(super) struct Lasso {
     samples: Vec<usize>,
+    pairs: Option<InteractionIndex>,
 }
 
+/// Refuses a surrogate with pairs over more than [`MAX_PAIR_PLAYERS`].
+pub(super) fn check_pairs(n: usize) -> Result<(), ExplainError> {
+    if n <= MAX_PAIR_PLAYERS {
+        return Ok(());
+    }
+    Err(ExplainError::Estimator(format!(
+        "`interactions = \"pairs\"` with `lasso` fits a weight per pair: {} pairs of {n} \
+         players, more than the {MAX_PAIR_PLAYERS} players it takes; use `players = \"auto\"` \
+         (refine the strongest parts first) or fewer players",
+        n * (n - 1) / 2
+    )))
+}
+
+/// The coalitions are the same with or without pairs, so a run of either reanalyzes as the other.
 pub(super) fn plan(
     n: usize,
     budget: usize,
+    pairs: Option<InteractionIndex>,
     rng: &mut ChaCha8Rng,
 ) -> Result<(Vec<Coalition>, Lasso), ExplainError> {
     if budget < MIN_BUDGET {
@@ -78,23 +110,79 @@ pub(super) fn plan(
         let members: Vec<usize> = (0..n).filter(|_| rng.random_bool(0.5)).collect();
         samples.push(interner.add(Coalition::from_members(n, members)));
     }
-    Ok((interner.coalitions, Lasso { samples }))
+    Ok((interner.coalitions, Lasso { samples, pairs }))
 }
 
 impl Lasso {
     /// `values` per coalition of the plan.
     pub(super) fn estimate(&self, coalitions: &[Coalition], values: &[f64]) -> Estimates {
-        let rows: Vec<Vec<usize>> = self
-            .samples
-            .iter()
-            .map(|&s| coalitions[s].members().collect())
-            .collect();
+        let n = coalitions[0].n();
+        let rows = self.samples.iter().map(|&s| coalitions[s].members());
         let y: Vec<f64> = self.samples.iter().map(|&s| values[s]).collect();
+        let Some(index) = self.pairs else {
+            let rows: Vec<Vec<usize>> = rows.map(Iterator::collect).collect();
+            return Estimates {
+                interactions: None,
+                values: cross_validated_fit(n, &rows, &y, Path::Whole),
+                std_errors: None,
+            };
+        };
+        let rows: Vec<Vec<usize>> = rows.map(|members| with_pairs(n, members)).collect();
+        let beta = cross_validated_fit(n + n * (n - 1) / 2, &rows, &y, Path::HalfTheRows);
+        let (singles, pairs) = beta.split_at(n);
+        let mut shapley = singles.to_vec();
+        let mut listed: Vec<Interaction> = Vec::with_capacity(beta.len());
+        for ((i, j), &weight) in pair_list(n).zip(pairs) {
+            shapley[i] += weight / 2.0;
+            shapley[j] += weight / 2.0;
+            listed.push(interaction(vec![i, j], weight));
+        }
+        // A player's own value: its SII is its Shapley value; its k-SII and Möbius, βᵢ.
+        let own = if index == InteractionIndex::Sii {
+            &shapley
+        } else {
+            singles
+        };
+        let players = own
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| interaction(vec![i], v));
+        listed.splice(0..0, players);
         Estimates {
-            values: cross_validated_fit(coalitions[0].n(), &rows, &y),
+            interactions: Some(InteractionValues {
+                index,
+                order: 2,
+                values: listed,
+            }),
+            values: shapley,
             std_errors: None,
         }
     }
+}
+
+fn interaction(players: Vec<usize>, value: f64) -> Interaction {
+    Interaction {
+        players,
+        value,
+        std_error: None,
+    }
+}
+
+/// The pairs (i < j) in lexicographic order: feature n + k is the k-th.
+fn pair_list(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).flat_map(move |i| (i + 1..n).map(move |j| (i, j)))
+}
+
+/// A row's features with pairs: its players, then each pair of them as feature n + k.
+fn with_pairs(n: usize, members: impl Iterator<Item = usize>) -> Vec<usize> {
+    let members: Vec<usize> = members.collect();
+    let mut features = members.clone();
+    for (a, &i) in members.iter().enumerate() {
+        // Pairs (i, j) come after every pair of a smaller first player: i(2n - i - 1)/2 of them.
+        let before = i * (2 * n - i - 1) / 2;
+        features.extend(members[a + 1..].iter().map(|&j| n + before + (j - i - 1)));
+    }
+    features
 }
 
 /// The LASSO weights or their refit on the support.
@@ -104,11 +192,23 @@ enum Variant {
     Refit,
 }
 
+/// How far along the path a fit goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Path {
+    /// To α_max × `PATH_SPAN`.
+    Whole,
+    /// Until the support holds more than half the training rows. With more features than
+    /// rows (pairs), the fit past that point interpolates its training folds, so it cannot win
+    /// the cross-validation, and coordinate descent slows to its sweep limit there.
+    HalfTheRows,
+}
+
 /// Chooses α and the variant by `FOLDS`-fold cross-validation, then fits them on all rows.
-/// `rows[r]` holds the players present in row r.
-fn cross_validated_fit(n: usize, rows: &[Vec<usize>], y: &[f64]) -> Vec<f64> {
+/// `rows[r]` holds the features (players) present in row r.
+fn cross_validated_fit(n: usize, rows: &[Vec<usize>], y: &[f64], extent: Path) -> Vec<f64> {
     let all: Vec<usize> = (0..y.len()).collect();
-    let full = Centred::new(n, rows, y, &all);
+    let counts = Counts::of(n, rows, &all);
+    let full = Centred::new(rows, y, &all, counts.clone());
     let alpha_max = full.alpha_max();
     if !alpha_max.is_finite() {
         return vec![f64::NAN; n];
@@ -120,15 +220,23 @@ fn cross_validated_fit(n: usize, rows: &[Vec<usize>], y: &[f64]) -> Vec<f64> {
     let path: Vec<f64> = (0..PATH_LEN)
         .map(|k| alpha_max * PATH_SPAN.powf(k as f64 / (PATH_LEN - 1) as f64))
         .collect();
-    // Held-out squared error per α and variant, summed over the folds.
+    // Held-out squared error per α and variant, summed over the folds; infinite past the
+    // path's end in any fold.
     let mut errors = vec![[0.0; 2]; PATH_LEN];
     for fold in 0..FOLDS {
         let (test, train): (Vec<usize>, Vec<usize>) = all.iter().partition(|&&r| r % FOLDS == fold);
-        let data = Centred::new(n, rows, y, &train);
+        let data = Centred::new(rows, y, &train, counts.without(rows, &test));
         let mut beta = vec![0.0; n];
         let mut refit = Refit::default();
         for (k, &alpha) in path.iter().enumerate() {
             data.descend(alpha, &mut beta);
+            let support = beta.iter().filter(|&&b| b != 0.0).count();
+            if extent == Path::HalfTheRows && support as f64 > data.rows / 2.0 {
+                for error in &mut errors[k..] {
+                    *error = [f64::INFINITY; 2];
+                }
+                break;
+            }
             let refitted = refit.of(&data, &beta);
             for (variant, weights) in [(Variant::Lasso, &beta), (Variant::Refit, refitted)] {
                 errors[k][variant as usize] += test
@@ -158,11 +266,58 @@ fn cross_validated_fit(n: usize, rows: &[Vec<usize>], y: &[f64]) -> Vec<f64> {
     }
 }
 
+/// How many of a set of rows hold each pair of features, an exact integer:
+/// `counts[i * p + j]` for i ≤ j (the upper triangle). The folds' counts are the whole's less
+/// their held-out rows', which costs a fifth of counting their training rows.
+#[derive(Clone)]
+struct Counts {
+    p: usize,
+    counts: Vec<f64>,
+}
+
+impl Counts {
+    /// `rows[r]` lists row r's features in ascending order.
+    fn of(p: usize, rows: &[Vec<usize>], chosen: &[usize]) -> Counts {
+        let mut counts = Counts {
+            p,
+            counts: vec![0.0; p * p],
+        };
+        counts.add(rows, chosen, 1.0);
+        counts
+    }
+
+    /// These counts without `chosen`'s rows, which they include.
+    fn without(&self, rows: &[Vec<usize>], chosen: &[usize]) -> Counts {
+        let mut counts = self.clone();
+        counts.add(rows, chosen, -1.0);
+        counts
+    }
+
+    fn add(&mut self, rows: &[Vec<usize>], chosen: &[usize], sign: f64) {
+        for &r in chosen {
+            let features = &rows[r];
+            debug_assert!(features.windows(2).all(|w| w[0] < w[1]));
+            for (a, &i) in features.iter().enumerate() {
+                let row = &mut self.counts[i * self.p..(i + 1) * self.p];
+                for &j in &features[a..] {
+                    row[j] += sign;
+                }
+            }
+        }
+    }
+
+    fn get(&self, i: usize, j: usize) -> f64 {
+        self.counts[i.min(j) * self.p + i.max(j)]
+    }
+}
+
 /// The sufficient statistics of a set of training rows, centred (which leaves the intercept
-/// unpenalised): the Gram matrix XᵀX and Xᵀy of the centred features and values.
+/// unpenalised): the Gram matrix XᵀX (`gram[i * p + j]`) and Xᵀy of the centred features and
+/// values.
 struct Centred {
     rows: f64,
-    gram: Vec<Vec<f64>>,
+    p: usize,
+    gram: Vec<f64>,
     xty: Vec<f64>,
     total_square: f64,
     feature_means: Vec<f64>,
@@ -170,35 +325,44 @@ struct Centred {
 }
 
 impl Centred {
-    fn new(n: usize, rows: &[Vec<usize>], y: &[f64], chosen: &[usize]) -> Centred {
+    /// `counts` are those of the `chosen` rows.
+    fn new(rows: &[Vec<usize>], y: &[f64], chosen: &[usize], counts: Counts) -> Centred {
+        let p = counts.p;
         let m = chosen.len() as f64;
         let y_mean = chosen.iter().map(|&r| y[r]).sum::<f64>() / m;
-        // Co-occurrence counts and Σ z (y - ȳ), then centred: Σ (z_i - μ_i)(z_j - μ_j) =
-        // C_ij - m μ_i μ_j; the counts are exact integers.
-        let mut gram = vec![vec![0.0; n]; n];
-        let mut xty = vec![0.0; n];
+        // Σ z (y - ȳ), and the counts centred: Σ (z_i - μ_i)(z_j - μ_j) = C_ij - m μ_i μ_j.
+        let mut xty = vec![0.0; p];
         for &r in chosen {
             for &i in &rows[r] {
                 xty[i] += y[r] - y_mean;
-                for &j in &rows[r] {
-                    gram[i][j] += 1.0;
-                }
             }
         }
-        let feature_means: Vec<f64> = (0..n).map(|i| gram[i][i] / m).collect();
-        for (i, row) in gram.iter_mut().enumerate() {
+        let feature_means: Vec<f64> = (0..p).map(|i| counts.get(i, i) / m).collect();
+        let mut gram = counts.counts;
+        for i in 0..p {
+            for j in 0..p {
+                gram[i * p + j] = gram[i.min(j) * p + i.max(j)];
+            }
+        }
+        for (i, row) in gram.chunks_exact_mut(p.max(1)).enumerate() {
             for (j, g) in row.iter_mut().enumerate() {
                 *g -= m * feature_means[i] * feature_means[j];
             }
         }
         Centred {
             rows: m,
+            p,
             gram,
             xty,
             total_square: chosen.iter().map(|&r| (y[r] - y_mean).powi(2)).sum(),
             feature_means,
             y_mean,
         }
+    }
+
+    /// Row j of the Gram matrix.
+    fn gram_row(&self, j: usize) -> &[f64] {
+        &self.gram[j * self.p..(j + 1) * self.p]
     }
 
     /// The smallest α at which every weight is zero: max_j |⟨x_j, y⟩| / m.
@@ -216,14 +380,14 @@ impl Centred {
         let mut correlation = self.xty.clone();
         for (j, &b) in beta.iter().enumerate() {
             if b != 0.0 {
-                axpy(-b, &self.gram[j], &mut correlation);
+                axpy(-b, self.gram_row(j), &mut correlation);
             }
         }
         let scale = (self.total_square / m).sqrt().max(f64::MIN_POSITIVE);
         for _ in 0..MAX_SWEEPS {
             let mut moved: f64 = 0.0;
             for j in 0..beta.len() {
-                let norm = self.gram[j][j] / m;
+                let norm = self.gram[j * self.p + j] / m;
                 if norm <= 0.0 {
                     beta[j] = 0.0;
                     continue;
@@ -231,7 +395,7 @@ impl Centred {
                 let rho = correlation[j] / m + norm * beta[j];
                 let delta = soft_threshold(rho, alpha) / norm - beta[j];
                 if delta != 0.0 {
-                    axpy(-delta, &self.gram[j], &mut correlation);
+                    axpy(-delta, self.gram_row(j), &mut correlation);
                     beta[j] += delta;
                     moved = moved.max(delta.abs() * norm.sqrt());
                 }
@@ -270,7 +434,7 @@ impl Refit {
         if self.support.as_ref() != Some(&support) {
             let gram: Vec<Vec<f64>> = support
                 .iter()
-                .map(|&i| support.iter().map(|&j| data.gram[i][j]).collect())
+                .map(|&i| support.iter().map(|&j| data.gram[i * data.p + j]).collect())
                 .collect();
             let rhs: Vec<f64> = support.iter().map(|&j| data.xty[j]).collect();
             let solution = if (support.len() as f64) < data.rows - 1.0 {
@@ -323,4 +487,21 @@ fn cholesky_solve(a: &[Vec<f64>], b: &[f64]) -> Option<Vec<f64>> {
         x[i] = (w[i] - (i + 1..n).map(|k| l[k][i] * x[k]).sum::<f64>()) / l[i][i];
     }
     Some(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rows_pair_features_follow_the_pair_list() {
+        let n = 6;
+        let pairs: Vec<(usize, usize)> = pair_list(n).collect();
+        assert_eq!(pairs.len(), 15);
+        let features = with_pairs(n, [0, 2, 3, 5].into_iter());
+        let (players, pair_features) = features.split_at(4);
+        assert_eq!(players, [0, 2, 3, 5]);
+        let named: Vec<(usize, usize)> = pair_features.iter().map(|&f| pairs[f - n]).collect();
+        assert_eq!(named, [(0, 2), (0, 3), (0, 5), (2, 3), (2, 5), (3, 5)]);
+    }
 }

@@ -21,6 +21,7 @@ pub(super) fn plan(n: usize) -> (Vec<Coalition>, Vec<usize>) {
 /// `full` indexes v(N) in `values`; `without[i]` indexes v(N \ {i}).
 pub(super) fn estimate(full: usize, without: &[usize], values: &[f64]) -> Estimates {
     Estimates {
+        interactions: None,
         values: without.iter().map(|&w| values[full] - values[w]).collect(),
         std_errors: None,
     }

@@ -51,11 +51,13 @@ impl Default for EstimatorSettings {
     }
 }
 
-/// Attributions: one value per player, with a standard error from sampling estimators.
+/// Attributions: one value per player, with a standard error from sampling estimators, and
+/// the interactions the settings ask for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Estimates {
     pub values: Vec<f64>,
     pub std_errors: Option<Vec<f64>>,
+    pub interactions: Option<InteractionValues>,
 }
 
 /// The coalitions an estimator needs, distinct, with the structure to combine their values.
@@ -135,7 +137,9 @@ impl Plan {
                 (coalitions, PlanKind::Kernel(kernel))
             }
             (EstimatorKind::Lasso, Estimand::Shapley) => {
-                let (coalitions, lasso) = lasso::plan(n, settings.budget, &mut rng)?;
+                let pairs = (settings.interactions != Interactions::None)
+                    .then_some(settings.interaction_index);
+                let (coalitions, lasso) = lasso::plan(n, settings.budget, pairs, &mut rng)?;
                 (coalitions, PlanKind::Lasso(lasso))
             }
             (
@@ -212,7 +216,15 @@ impl Plan {
             "one value per coalition"
         );
         match &self.kind {
-            PlanKind::Exact => exact::estimate(self.n, self.settings.estimand, values),
+            PlanKind::Exact => {
+                let order = interactions::order(self.settings.interactions, self.n).unwrap_or(0);
+                Estimates {
+                    interactions: (order > 0).then(|| {
+                        interactions::exact(self.n, values, self.settings.interaction_index, order)
+                    }),
+                    ..exact::estimate(self.n, self.settings.estimand, values)
+                }
+            }
             PlanKind::Permutations { walks, antithetic } => {
                 permutation::estimate(self.n, walks, *antithetic, values)
             }
@@ -222,21 +234,6 @@ impl Plan {
             PlanKind::Lasso(lasso) => lasso.estimate(&self.coalitions, values),
         }
     }
-
-    /// The interactions the settings ask for, from the same `values` as [`Plan::estimate`];
-    /// `None` when they ask for none.
-    pub fn interactions(&self, values: &[f64]) -> Option<InteractionValues> {
-        let order = interactions::order(self.settings.interactions, self.n).ok()?;
-        match self.kind {
-            PlanKind::Exact if order > 0 => Some(interactions::exact(
-                self.n,
-                values,
-                self.settings.interaction_index,
-                order,
-            )),
-            _ => None,
-        }
-    }
 }
 
 /// Refuses interactions the settings cannot give, naming the setting to change.
@@ -244,12 +241,19 @@ fn check_interactions(n: usize, settings: &EstimatorSettings) -> Result<(), Expl
     if settings.interactions == Interactions::None {
         return Ok(());
     }
-    if settings.kind != EstimatorKind::Exact {
-        return Err(ExplainError::Estimator(format!(
-            "`interactions = \"{}\"` needs `estimator = \"exact\"` (every coalition's \
-             value); `{}` does not give them",
-            settings.interactions, settings.kind
-        )));
+    match (settings.kind, settings.interactions) {
+        (EstimatorKind::Exact, _) => {}
+        (EstimatorKind::Lasso, Interactions::Pairs) => lasso::check_pairs(n)?,
+        (kind, which) => {
+            return Err(ExplainError::Estimator(format!(
+                "`interactions = \"{which}\"` needs `estimator = \"exact\"` (every \
+                 coalition's value){}; `{kind}` does not give them",
+                match which {
+                    Interactions::Pairs => " or `\"lasso\"` (a sparse surrogate with pairs)",
+                    _ => "",
+                }
+            )));
+        }
     }
     if settings.estimand == Estimand::Banzhaf
         && settings.interaction_index != InteractionIndex::Moebius

@@ -34,6 +34,7 @@ pub(super) fn estimate(coalitions: &[Coalition], samples: &[usize], values: &[f6
         })
         .unzip();
     Estimates {
+        interactions: None,
         values,
         std_errors: Some(std_errors),
     }

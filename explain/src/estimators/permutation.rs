@@ -79,6 +79,7 @@ pub(super) fn estimate(
         })
         .unzip();
     Estimates {
+        interactions: None,
         values,
         std_errors: Some(std_errors),
     }

@@ -421,7 +421,7 @@ fn exact_plans_give_pairs_from_the_values_the_attributions_use() {
     };
     let plan = Plan::new(10, &settings).unwrap();
     let v = values(&plan, rich_game);
-    let pairs = plan.interactions(&v).unwrap();
+    let pairs = plan.estimate(&v).interactions.unwrap();
     assert_eq!(pairs.index, InteractionIndex::KSii);
     assert_eq!(pairs.values.len(), 10 + 45);
     // The planted pair stands out over the sqrt(size) term's small pairwise effects.
@@ -429,10 +429,8 @@ fn exact_plans_give_pairs_from_the_values_the_attributions_use() {
     assert_eq!(top[0].players, [0, 2]);
     assert!(top[0].value > 1.9, "{}", top[0].value);
     assert!(top[1].value.abs() < 0.1, "{:?}", top[1]);
-    assert!(Plan::new(10, &exact(Estimand::Shapley))
-        .unwrap()
-        .interactions(&v)
-        .is_none());
+    let plain = Plan::new(10, &exact(Estimand::Shapley)).unwrap();
+    assert!(plain.estimate(&v).interactions.is_none());
 }
 
 #[test]
@@ -444,6 +442,19 @@ fn interactions_the_settings_cannot_give_are_refused_before_any_value() {
         ..sampling(EstimatorKind::Kernel, Estimand::Shapley, 200)
     };
     assert!(refused(sampled, 8).contains("needs `estimator = \"exact\"`"));
+    let lasso = EstimatorSettings {
+        interactions: Interactions::Pairs,
+        ..sampling(EstimatorKind::Lasso, Estimand::Shapley, 200)
+    };
+    assert!(Plan::new(64, &lasso).is_ok());
+    assert!(refused(lasso.clone(), 65).contains("2080 pairs of 65 players"));
+    let lasso_all = EstimatorSettings {
+        interactions: Interactions::All,
+        ..lasso
+    };
+    assert!(
+        refused(lasso_all, 8).contains("`interactions = \"all\"` needs `estimator = \"exact\"`")
+    );
     let banzhaf = EstimatorSettings {
         interactions: Interactions::Pairs,
         interaction_index: InteractionIndex::Sii,
@@ -460,4 +471,47 @@ fn interactions_the_settings_cannot_give_are_refused_before_any_value() {
         ..exact(Estimand::Shapley)
     };
     assert!(refused(all, 13).contains("2^13 - 1"));
+}
+
+/// 32 players: additive weights, and one pair (5, 20) that adds 3 only together.
+fn planted_pair(c: &Coalition) -> f64 {
+    let additive: f64 = c.members().map(|i| ((i * 7) % 5) as f64 * 0.2 - 0.3).sum();
+    additive
+        + if c.contains(5) && c.contains(20) {
+            3.0
+        } else {
+            0.0
+        }
+}
+
+#[test]
+fn the_lasso_with_pairs_finds_a_planted_pair_among_496_from_512_ablations() {
+    let settings = EstimatorSettings {
+        interactions: Interactions::Pairs,
+        ..sampling(EstimatorKind::Lasso, Estimand::Shapley, 512)
+    };
+    let e = run(32, &settings, planted_pair);
+    let pairs = e.interactions.as_ref().unwrap();
+    assert_eq!(pairs.values.len(), 32 + 496);
+    let top = pairs.strongest();
+    assert_eq!(top[0].players, [5, 20]);
+    assert!((top[0].value - 3.0).abs() < 0.05, "{}", top[0].value);
+    assert!(top[1].value.abs() < 0.05, "{:?}", top[1]);
+    // The attributions are the surrogate's Shapley values: each of the pair gets half of it.
+    for (i, &v) in e.values.iter().enumerate() {
+        let own = ((i * 7) % 5) as f64 * 0.2 - 0.3;
+        let expected = own + if i == 5 || i == 20 { 1.5 } else { 0.0 };
+        assert!((v - expected).abs() < 0.05, "player {i}: {v} vs {expected}");
+    }
+    // Without pairs the same plan's linear surrogate cannot say which two go together.
+    let linear = sampling(EstimatorKind::Lasso, Estimand::Shapley, 512);
+    let plan = Plan::new(32, &linear).unwrap();
+    assert_eq!(
+        plan.coalitions(),
+        Plan::new(32, &settings).unwrap().coalitions()
+    );
+    assert!(plan
+        .estimate(&values(&plan, planted_pair))
+        .interactions
+        .is_none());
 }

@@ -126,7 +126,8 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     max_exact_players: Option<usize>,
 
-    /// Interactions from the same values: none, pairs or all (every subset; exact only).
+    /// Interactions from the same values: none, pairs (exact, or lasso's surrogate with pairs)
+    /// or all (every subset; exact).
     #[arg(long, value_name = "WHICH")]
     interactions: Option<Interactions>,
 
