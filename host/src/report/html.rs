@@ -63,7 +63,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .tok{cursor:pointer;border-radius:.2rem;outline:1px solid #ccc;margin:0 .05rem;white-space:pre}
 .tok.on{background:#1d1d1f;color:#fff}
 .media{margin-top:.4rem}.media svg{display:block;max-width:100%;height:auto;border-radius:.25rem}
-.pairs{width:auto;margin-bottom:1rem}td.ids{white-space:nowrap}.pairs td{min-width:2.4rem;text-align:center;font-size:.75rem;cursor:default}.pairs td.self{background:#f5f5f7}
+.scroll{overflow-x:auto;margin-bottom:1rem}.pairs{width:auto}td.ids{white-space:nowrap}.pairs td{min-width:2.4rem;text-align:center;font-size:.75rem;cursor:default}.pairs td.self{background:#f5f5f7}
 tr[data-i]{cursor:default}.linked{outline:2px solid #1d1d1f;outline-offset:1px}
 .media rect{stroke:#fff;stroke-width:.5;vector-effect:non-scaling-stroke}.media rect.r{fill-opacity:.6}
 ";
@@ -319,7 +319,7 @@ fn interactions(h: &mut String, e: &Explanation, s: &ExplanationConfig) {
         .iter()
         .map(|a| escape(&a.player.id))
         .collect();
-    h.push_str("<table class=\"pairs\" id=\"pair-matrix\"><tr><th></th>");
+    h.push_str("<div class=\"scroll\"><table class=\"pairs\" id=\"pair-matrix\"><tr><th></th>");
     for id in &ids {
         let _ = write!(h, "<th>{id}</th>");
     }
@@ -345,7 +345,7 @@ fn interactions(h: &mut String, e: &Explanation, s: &ExplanationConfig) {
         h.push_str("</tr>\n");
     }
     h.push_str(
-        "</table>\n<table id=\"strongest\"><tr><th>rank</th><th>ids</th><th>texts</th>\
+        "</table></div>\n<table id=\"strongest\"><tr><th>rank</th><th>ids</th><th>texts</th>\
          <th>value</th><th>± se</th></tr>\n",
     );
     for (rank, i) in values
