@@ -99,6 +99,7 @@ pub fn render(outcome: &Outcome) -> String {
             )
         );
         rows(&mut out, e);
+        interaction_rows(&mut out, e, s);
     }
     let st = &outcome.stats;
     let _ = writeln!(
