@@ -61,9 +61,9 @@ const PATH_SPAN: f64 = 1e-3;
 const TOLERANCE: f64 = 1e-10;
 const MAX_SWEEPS: usize = 2000;
 
-/// The most players a surrogate with pairs takes: 64 players have 2,016 pairs, and a fit holds
-/// three matrices of (64 + 2,016)² counts (35 MB each).
-pub(super) const MAX_PAIR_PLAYERS: usize = 64;
+/// The most players a surrogate with pairs takes (64 sentences and a question fit): 80 players
+/// have 3,160 pairs, and a fit holds three matrices of (80 + 3,160)² numbers, 84 MB each.
+pub(super) const MAX_PAIR_PLAYERS: usize = 80;
 
 /// A planned LASSO surrogate: the rows of the regression, as coalition indices with repeats,
 /// and with pairs, the index their interactions are reported as.

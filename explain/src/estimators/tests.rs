@@ -446,8 +446,8 @@ fn interactions_the_settings_cannot_give_are_refused_before_any_value() {
         interactions: Interactions::Pairs,
         ..sampling(EstimatorKind::Lasso, Estimand::Shapley, 200)
     };
-    assert!(Plan::new(64, &lasso).is_ok());
-    assert!(refused(lasso.clone(), 65).contains("2080 pairs of 65 players"));
+    assert!(Plan::new(80, &lasso).is_ok());
+    assert!(refused(lasso.clone(), 81).contains("3240 pairs of 81 players"));
     let lasso_all = EstimatorSettings {
         interactions: Interactions::All,
         ..lasso
