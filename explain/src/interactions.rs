@@ -14,6 +14,7 @@
 
 use serde::Serialize;
 
+use crate::coalition::Coalition;
 use crate::error::ExplainError;
 use crate::settings::{InteractionIndex, Interactions};
 
@@ -47,6 +48,28 @@ impl InteractionValues {
             self.values.iter().filter(|i| i.players.len() > 1).collect();
         joint.sort_by(|a, b| b.value.abs().total_cmp(&a.value.abs()));
         joint
+    }
+}
+
+impl InteractionValues {
+    /// What the players of `present` add to v(∅) by these values' second-order picture: each
+    /// present player's own effect and each present pair's; `None` beyond pairs. A player's SII
+    /// is its Shapley value, which holds half of each of its pairs: that half comes off.
+    pub fn gain(&self, present: &Coalition) -> Option<f64> {
+        if self.order > 2 {
+            return None;
+        }
+        let mut sum = 0.0;
+        for i in &self.values {
+            let inside = i.players.iter().filter(|&&p| present.contains(p)).count();
+            if inside == i.players.len() {
+                sum += i.value;
+            }
+            if self.index == InteractionIndex::Sii && i.players.len() == 2 {
+                sum -= inside as f64 * i.value / 2.0;
+            }
+        }
+        Some(sum)
     }
 }
 
@@ -282,6 +305,34 @@ mod tests {
                 assert!(expected.len() <= ours.values.len());
             }
         }
+    }
+
+    #[test]
+    fn pairs_predict_a_second_order_game_exactly_under_every_index() {
+        // v = 0.5 + players' own effects + two pairs: second order, so every index's picture
+        // gives back every coalition's value.
+        let own = [1.0, -2.0, 0.25, 3.0];
+        let v = |mask: usize| {
+            let has = |p: usize| mask >> p & 1 == 1;
+            let pairs = 1.5 * f64::from(u8::from(has(0) && has(3)))
+                - 0.75 * f64::from(u8::from(has(1) && has(2)));
+            0.5 + (0..4).filter(|&p| has(p)).map(|p| own[p]).sum::<f64>() + pairs
+        };
+        let values: Vec<f64> = (0..16).map(v).collect();
+        for index in [
+            InteractionIndex::KSii,
+            InteractionIndex::Sii,
+            InteractionIndex::Moebius,
+        ] {
+            let pairs = exact(4, &values, index, 2);
+            for mask in 0..16usize {
+                let present = Coalition::from_mask(4, mask as u64);
+                let predicted = values[0] + pairs.gain(&present).unwrap();
+                assert!((predicted - values[mask]).abs() < 1e-12, "{index} {mask:b}");
+            }
+        }
+        let all = exact(4, &values, InteractionIndex::Moebius, 4);
+        assert_eq!(all.gain(&Coalition::full(4)), None);
     }
 
     #[test]

@@ -157,7 +157,7 @@ impl Job {
             }
         });
         let trust = (!self.holdout.is_empty())
-            .then(|| Trust::assess(&estimates.values, v_none, &self.holdout, held_out));
+            .then(|| Trust::assess(&estimates, v_none, &self.holdout, held_out));
         let ranks = ranks(&estimates.values);
         let attributions = self
             .players

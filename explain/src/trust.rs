@@ -2,7 +2,8 @@
 //! for are evaluated with the rest, and the attribution predicts each through the additive
 //! surrogate v̂(S) = v(∅) + Σ_{i∈S} φᵢ. The Spearman rank correlation of v̂ against v is the
 //! linear datamodeling score (Ilyas et al. 2022, "Datamodels"; Park et al. 2023, "TRAK"),
-//! reported with R² = 1 − SS_res / SS_tot.
+//! reported with R² = 1 − SS_res / SS_tot. With pairs (`lasso` with `interactions = "pairs"`)
+//! the prediction adds each present pair's value: the second-order surrogate's own fit.
 //!
 //! An additive game is predicted exactly (both figures 1); a game with strong interactions
 //! (such as v(S) = 1 when |S| is even) is not, whatever the estimator.
@@ -12,6 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::coalition::Coalition;
+use super::estimators::Estimates;
 
 /// The ChaCha stream held-out coalitions are drawn from: the estimators draw from stream 0 of
 /// the same seed, so the two never share random numbers.
@@ -49,13 +51,22 @@ pub struct Trust {
 }
 
 impl Trust {
-    /// Scores `phi` on `coalitions` (whose values are `values`), given v(∅) = `v_none`.
-    pub fn assess(phi: &[f64], v_none: f64, coalitions: &[Coalition], values: &[f64]) -> Trust {
+    /// Scores `estimates` on `coalitions` (whose values are `values`), given v(∅) = `v_none`:
+    /// each predicted by the additive surrogate, or with pairs by the second-order one (see
+    /// [`crate::interactions::InteractionValues::gain`]).
+    pub fn assess(
+        estimates: &Estimates,
+        v_none: f64,
+        coalitions: &[Coalition],
+        values: &[f64],
+    ) -> Trust {
         assert_eq!(coalitions.len(), values.len(), "one value per coalition");
-        let predicted: Vec<f64> = coalitions
-            .iter()
-            .map(|c| v_none + c.members().map(|i| phi[i]).sum::<f64>())
-            .collect();
+        let additive = |c: &Coalition| c.members().map(|i| estimates.values[i]).sum::<f64>();
+        let gain = |c: &Coalition| {
+            let pairs = estimates.interactions.as_ref();
+            pairs.and_then(|i| i.gain(c)).unwrap_or_else(|| additive(c))
+        };
+        let predicted: Vec<f64> = coalitions.iter().map(|c| v_none + gain(c)).collect();
         Trust::of(&predicted, values)
     }
 
@@ -225,12 +236,47 @@ mod tests {
             seed: 5,
             ..EstimatorSettings::default()
         };
-        let plan = Plan::new(n, &settings).unwrap();
+        trust_with(&settings, n, game)
+    }
+
+    fn trust_with(
+        settings: &EstimatorSettings,
+        n: usize,
+        game: impl Fn(&Coalition) -> f64,
+    ) -> Trust {
+        let plan = Plan::new(n, settings).unwrap();
         let values: Vec<f64> = plan.coalitions().iter().map(&game).collect();
-        let phi = plan.estimate(&values).values;
+        let estimates = plan.estimate(&values);
         let holdout = draw(n, 64, settings.seed);
         let held: Vec<f64> = holdout.iter().map(&game).collect();
-        Trust::assess(&phi, values[plan.empty_index()], &holdout, &held)
+        Trust::assess(&estimates, values[plan.empty_index()], &holdout, &held)
+    }
+
+    #[test]
+    fn a_pair_is_predicted_by_the_surrogate_with_pairs_and_missed_without() {
+        // 12 players: additive weights, and one pair worth 4 only together.
+        let game = |c: &Coalition| {
+            let own: f64 = c.members().map(|i| (i % 3) as f64 - 1.0).sum();
+            own + if c.contains(2) && c.contains(9) {
+                4.0
+            } else {
+                0.0
+            }
+        };
+        let lasso = EstimatorSettings {
+            kind: EstimatorKind::Lasso,
+            budget: 400,
+            seed: 5,
+            ..EstimatorSettings::default()
+        };
+        let additive = trust_with(&lasso, 12, game);
+        let pairs = EstimatorSettings {
+            interactions: crate::settings::Interactions::Pairs,
+            ..lasso
+        };
+        let second_order = trust_with(&pairs, 12, game);
+        assert!(second_order.r_squared.unwrap() > 0.999, "{second_order:?}");
+        assert!(additive.r_squared.unwrap() < 0.9, "{additive:?}");
     }
 
     #[test]
