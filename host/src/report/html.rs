@@ -332,11 +332,12 @@ fn interactions(h: &mut String, e: &Explanation, s: &ExplanationConfig) {
                     let _ = write!(
                         h,
                         "<td data-i=\"{},{}\" style=\"background:{}\" title=\"{id} × {other} · {}\">\
-                         {v:.2}</td>",
+                         {}</td>",
                         a.min(b),
                         a.max(b),
                         shade(v, max),
                         number(v),
+                        cell(v),
                     );
                 }
                 _ => h.push_str("<td class=\"self\"></td>"),
@@ -375,6 +376,15 @@ fn interactions(h: &mut String, e: &Explanation, s: &ExplanationConfig) {
     let _ = writeln!(h, "</table>\n<script>{LINKS}</script>");
 }
 
+/// A matrix cell's value to two places, "0" where that rounds to zero: the LASSO zeroes most
+/// pairs, and "-0.00" would read as a sign.
+fn cell(v: f64) -> String {
+    if v.abs() < 0.005 {
+        return "0".into();
+    }
+    format!("{v:.2}")
+}
+
 /// The answer's tokens to hover or pin, the matrix as JSON and the script that reads it.
 fn token_map(h: &mut String, outcome: &Outcome, matrix: &[Vec<f64>]) {
     h.push_str("<p class=\"meta\">Shading shows <b id=\"token-shown\">all answer tokens</b>. ");
@@ -411,6 +421,14 @@ fn token_map(h: &mut String, outcome: &Outcome, matrix: &[Vec<f64>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matrix_cells_round_to_two_places_without_a_signed_zero() {
+        assert_eq!(cell(-0.001), "0");
+        assert_eq!(cell(0.0), "0");
+        assert_eq!(cell(-0.6174), "-0.62");
+        assert_eq!(cell(1.4), "1.40");
+    }
 
     #[test]
     fn escaping_covers_markup_and_quotes() {
