@@ -32,6 +32,17 @@ pub struct Interaction {
     pub std_error: Option<f64>,
 }
 
+impl Interaction {
+    /// A value with no standard error: exact, or a surrogate's weight.
+    pub fn new(players: Vec<usize>, value: f64) -> Interaction {
+        Interaction {
+            players,
+            value,
+            std_error: None,
+        }
+    }
+}
+
 /// Every subset of 1 to `order` players with its value under `index`: by size, then in
 /// lexicographic order of the player indices.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -104,10 +115,9 @@ pub fn exact(n: usize, values: &[f64], index: InteractionIndex, order: usize) ->
         order,
         values: subsets
             .into_iter()
-            .map(|mask| Interaction {
-                players: (0..n).filter(|i| mask >> i & 1 == 1).collect(),
-                value: value_of(mask),
-                std_error: None,
+            .map(|mask| {
+                let players = (0..n).filter(|i| mask >> i & 1 == 1).collect();
+                Interaction::new(players, value_of(mask))
             })
             .collect(),
     }

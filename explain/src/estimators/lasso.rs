@@ -135,7 +135,7 @@ impl Lasso {
         for ((i, j), &weight) in pair_list(n).zip(pairs) {
             shapley[i] += weight / 2.0;
             shapley[j] += weight / 2.0;
-            listed.push(interaction(vec![i, j], weight));
+            listed.push(Interaction::new(vec![i, j], weight));
         }
         // A player's own value: its SII is its Shapley value; its k-SII and Möbius, βᵢ.
         let own = if index == InteractionIndex::Sii {
@@ -146,7 +146,7 @@ impl Lasso {
         let players = own
             .iter()
             .enumerate()
-            .map(|(i, &v)| interaction(vec![i], v));
+            .map(|(i, &v)| Interaction::new(vec![i], v));
         listed.splice(0..0, players);
         Estimates {
             interactions: Some(InteractionValues {
@@ -157,14 +157,6 @@ impl Lasso {
             values: shapley,
             std_errors: None,
         }
-    }
-}
-
-fn interaction(players: Vec<usize>, value: f64) -> Interaction {
-    Interaction {
-        players,
-        value,
-        std_error: None,
     }
 }
 
