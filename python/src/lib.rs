@@ -276,9 +276,7 @@ impl Explanation {
     /// JSON report's order; `None` without.
     #[getter]
     fn interactions(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        let document = lmhost::report::json::document(&self.outcome);
-        document
-            .interactions
+        lmhost::report::json::interactions(&self.outcome.explanation)
             .map(|list| to_python(py, &list))
             .transpose()
     }

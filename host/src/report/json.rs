@@ -197,14 +197,12 @@ fn per_token<'a>(outcome: &'a Outcome, values: Option<&'a [Vec<f64>]>) -> Option
     })
 }
 
-fn interactions(e: &Explanation) -> Option<Vec<InteractionDoc<'_>>> {
+/// A level's `interactions[]`, as the document and Python's `Explanation.interactions` give
+/// them.
+pub fn interactions(e: &Explanation) -> Option<Vec<InteractionDoc<'_>>> {
     let interactions = e.interactions.as_ref()?;
     let each = interactions.values.iter().map(|i| InteractionDoc {
-        players: i
-            .players
-            .iter()
-            .map(|&p| e.attributions[p].player.id.as_str())
-            .collect(),
+        players: super::player_ids(e, &i.players),
         value: i.value,
         std_error: i.std_error,
     });

@@ -63,13 +63,17 @@ fn normalize(e: &mut Explanation, s: &ExplanationConfig) {
 /// How many of the strongest interactions the table and the HTML page list.
 pub(crate) const TOP_INTERACTIONS: usize = 10;
 
-/// An interaction's players by id, "m3 × m7".
-pub(crate) fn interaction_ids(e: &Explanation, players: &[usize]) -> String {
-    let ids: Vec<&str> = players
+/// The ids of `players` (indices into the level's attributions).
+pub(crate) fn player_ids<'a>(e: &'a Explanation, players: &[usize]) -> Vec<&'a str> {
+    players
         .iter()
         .map(|&p| e.attributions[p].player.id.as_str())
-        .collect();
-    ids.join(" × ")
+        .collect()
+}
+
+/// An interaction's players by id, "m3 × m7".
+pub(crate) fn interaction_ids(e: &Explanation, players: &[usize]) -> String {
+    player_ids(e, players).join(" × ")
 }
 
 /// What a level's interactions are: "k-sii of pairs", "moebius of every subset".
