@@ -82,7 +82,7 @@ def render_all(template_dir, fixture):
             # `render_jinja_template` passes tools and documents even when there are none.
             results.append({**case, **outcome(lambda: template.render(
                 messages=conversation["messages"],
-                tools=None,
+                tools=conversation.get("tools"),
                 documents=None,
                 add_generation_prompt=conversation["add_generation_prompt"],
                 bos_token=fixture["bos_token"],

@@ -1,9 +1,9 @@
 //! The stable domain types: snapshot ids and JSON round trips.
 
-use lmhost_plugin_api::abi_stable::std_types::RVec;
+use lmhost_plugin_api::abi_stable::std_types::{ROption, RVec};
 use lmhost_plugin_api::{
     Audio, BackendStats, ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord,
-    Image, Message, Part, Role, ScoreRecord, Turn,
+    Image, Message, Part, Role, ScoreRecord, ToolCall, Turn,
 };
 
 fn conversation() -> ConversationSnapshot {
@@ -16,9 +16,9 @@ fn conversation() -> ConversationSnapshot {
             Message::text(Role::User, "Hi"),
             Message::text(Role::Assistant, "Hello."),
         ]),
-        turn(vec![Message {
-            role: Role::User,
-            parts: RVec::from(vec![
+        turn(vec![Message::new(
+            Role::User,
+            vec![
                 Part::text("Listen:"),
                 Part::Audio {
                     audio: Audio {
@@ -26,8 +26,8 @@ fn conversation() -> ConversationSnapshot {
                         sample_rate: 16_000,
                     },
                 },
-            ]),
-        }]),
+            ],
+        )]),
     ])
     .unwrap()
 }
@@ -51,15 +51,15 @@ fn snapshot_id_is_stable_across_runs_and_platforms() {
 fn images_serialize_as_base64_with_pinned_ids() {
     let image = Image::new(2, 1, vec![255, 0, 0, 0, 0, 255]).unwrap();
     let snapshot = ConversationSnapshot::new(vec![Turn {
-        messages: RVec::from(vec![Message {
-            role: Role::User,
-            parts: RVec::from(vec![
+        messages: RVec::from(vec![Message::new(
+            Role::User,
+            vec![
                 Part::Image {
                     image: image.clone(),
                 },
                 Part::text("Which colours?"),
-            ]),
-        }]),
+            ],
+        )]),
     }])
     .unwrap();
     let json = serde_json::to_string(&snapshot.turns).unwrap();
@@ -167,4 +167,88 @@ fn the_readme_shows_the_example_plugin_as_it_is() {
         "README's plugin example is stale"
     );
     assert!(code.lines().count() < 60);
+}
+
+/// An agent's trace: a call, its answer, the final reply, and the tools the model was told of.
+fn trace(calls: Vec<ToolCall>, answers: Vec<(&str, &str)>) -> Result<ConversationSnapshot, String> {
+    let mut messages = vec![
+        Message::text(Role::User, "Umbrella in Paris?"),
+        Message {
+            tool_calls: calls.into(),
+            ..Message::new(Role::Assistant, vec![])
+        },
+    ];
+    messages.extend(answers.into_iter().map(|(id, text)| Message {
+        tool_call_id: ROption::RSome(id.into()),
+        ..Message::text(Role::Tool, text)
+    }));
+    let tools = vec![r#"{"type": "function", "function": {"name": "get_weather"}}"#.into()];
+    ConversationSnapshot::with_tools(
+        vec![Turn {
+            messages: messages.into(),
+        }],
+        tools,
+    )
+    .map_err(|e| e.message.into_string())
+}
+
+fn call(id: &str, arguments: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: "get_weather".into(),
+        arguments: arguments.into(),
+    }
+}
+
+#[test]
+fn a_tool_trace_round_trips_with_its_tools_as_written() {
+    let snapshot = trace(
+        vec![call("c1", r#"{"city": "Paris"}"#)],
+        vec![("c1", "Rain.")],
+    )
+    .unwrap();
+    let json = serde_json::to_string(&snapshot).unwrap();
+    // The tools stay JSON objects, in their keys' order, not strings holding JSON.
+    assert!(
+        json.contains(r#""tools":[{"type": "function", "function": {"name": "get_weather"}}]"#),
+        "{json}"
+    );
+    let back: ConversationSnapshot = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, snapshot);
+    // The tools are part of what the model reads, so they are part of the id.
+    let bare = ConversationSnapshot::new(snapshot.turns.to_vec()).unwrap();
+    assert_ne!(bare.snapshot_id, snapshot.snapshot_id);
+}
+
+#[test]
+fn mismatched_tool_calls_are_refused_naming_the_message() {
+    let cases = [
+        (trace(vec![call("c1", "{}")], vec![("c9", "Rain.")]), "message 2: the tool message answers call \"c9\", which no assistant message before it made"),
+        (trace(vec![call("c1", "{}"), call("c1", "{}")], vec![]), "message 1: tool call \"c1\" (get_weather) reuses the id of a call in message 1"),
+        (trace(vec![call("c1", "{city: Paris}")], vec![]), "message 1: tool call \"c1\" (get_weather): its arguments must be a JSON object"),
+        (trace(vec![call("c1", "[1]")], vec![]), "its arguments must be a JSON object (it holds [1])"),
+        (trace(vec![call("c1", "{}")], vec![("c1", "a"), ("c1", "b")]), "message 3: call \"c1\" was already answered by message 2"),
+    ];
+    for (outcome, expected) in cases {
+        let err = outcome.unwrap_err();
+        assert!(err.contains(expected), "{err:?} should say {expected:?}");
+    }
+    let orphan = Message::text(Role::Tool, "Rain.");
+    let err = ConversationSnapshot::new(vec![Turn {
+        messages: vec![orphan].into(),
+    }])
+    .unwrap_err();
+    assert!(err.message.contains("needs `tool_call_id`"), "{err}");
+    let user_calls = Message {
+        tool_calls: vec![call("c1", "{}")].into(),
+        ..Message::text(Role::User, "hi")
+    };
+    let err = ConversationSnapshot::new(vec![Turn {
+        messages: vec![user_calls].into(),
+    }])
+    .unwrap_err();
+    assert!(
+        err.message.contains("only assistant messages call tools"),
+        "{err}"
+    );
 }

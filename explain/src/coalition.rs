@@ -108,10 +108,7 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
                         .map(|(_, piece)| *piece);
                     Some(with_absent(players, global - 1, k, part, absent))
                 });
-                messages.push(Message {
-                    role: message.role,
-                    parts: parts.into(),
-                });
+                messages.push(message.with_parts(parts));
                 continue;
             }
             if let Some(text) = render_message(players, t, m, message, coalition, absence) {
@@ -124,10 +121,7 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
                     continue;
                 }
                 let parts = rebuilt_parts(message, text, |_, part| kept_or_blank(part, present));
-                messages.push(Message {
-                    role: message.role,
-                    parts: parts.into(),
-                });
+                messages.push(message.with_parts(parts));
             } else if !players.message_has_players(t, m) {
                 messages.push(message.clone());
             }
@@ -414,10 +408,7 @@ mod tests {
         };
         let messages = vec![
             Message::text(Role::User, "Transcribe this."),
-            Message {
-                role: Role::User,
-                parts: vec![audio(vec![0.5, -0.5, 0.25])].into(),
-            },
+            Message::new(Role::User, vec![audio(vec![0.5, -0.5, 0.25])]),
         ];
         let conversation = ConversationSnapshot::new(vec![Turn {
             messages: messages.into(),
@@ -443,14 +434,11 @@ mod tests {
         };
         let messages = vec![
             Message::text(Role::System, "Describe pictures."),
-            Message {
-                role: Role::User,
-                parts: vec![image(200), Part::text("What is this? Be brief.")].into(),
-            },
-            Message {
-                role: Role::User,
-                parts: vec![image(90)].into(),
-            },
+            Message::new(
+                Role::User,
+                vec![image(200), Part::text("What is this? Be brief.")],
+            ),
+            Message::new(Role::User, vec![image(90)]),
         ];
         let conversation = ConversationSnapshot::new(vec![Turn {
             messages: messages.into(),

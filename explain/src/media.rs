@@ -453,10 +453,10 @@ mod tests {
     #[test]
     fn media_players_ask_the_backend_for_what_they_need() {
         let image = Image::new(2, 2, vec![0; 12]).unwrap();
-        let message = Message {
-            role: lmhost_plugin_api::Role::User,
-            parts: vec![Part::Image { image }, Part::text("What is it?")].into(),
-        };
+        let message = Message::new(
+            lmhost_plugin_api::Role::User,
+            vec![Part::Image { image }, Part::text("What is it?")],
+        );
         let conversation = ConversationSnapshot::new(vec![lmhost_plugin_api::Turn {
             messages: vec![message].into(),
         }])
@@ -529,10 +529,7 @@ mod tests {
     #[test]
     fn bad_regions_are_named() {
         let image = Image::new(4, 3, vec![0; 36]).unwrap();
-        let message = Message {
-            role: lmhost_plugin_api::Role::User,
-            parts: vec![Part::Image { image }].into(),
-        };
+        let message = Message::new(lmhost_plugin_api::Role::User, vec![Part::Image { image }]);
         let regions = |regions: Vec<Region>| MediaSpec {
             images: ImagePlayers::Regions,
             regions: vec![ImageRegions {

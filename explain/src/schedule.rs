@@ -145,10 +145,7 @@ mod tests {
         use lmhost_plugin_api::abi_stable::std_types::RVec;
         use lmhost_plugin_api::{Message, Role, Turn};
         let of = |parts: Vec<Part>| {
-            let message = Message {
-                role: Role::User,
-                parts: RVec::from(parts),
-            };
+            let message = Message::new(Role::User, parts);
             let turn = Turn {
                 messages: RVec::from(vec![message]),
             };

@@ -17,10 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let template = template.with_special_tokens(Some("<s>".into()), Some("</s>".into()));
     let roles = ["system", "user", "assistant"];
     let messages: Vec<ChatMessage> = (rest.split('\u{1}').enumerate())
-        .map(|(i, content)| ChatMessage {
-            role: roles[i % roles.len()],
-            content: content.into(),
-        })
+        .map(|(i, content)| ChatMessage::new(roles[i % roles.len()], content))
         .collect();
-    let _ = template.render_unsandboxed(&messages, true);
+    let _ = template.render_unsandboxed(&messages, &[], true);
 });

@@ -25,12 +25,25 @@
 //! {"type": "image", "data_base64": "iVBORw0KGgo..."}
 //! {"type": "image", "path": "park.png", "regions": [{"label": "dog", "box": [10, 20, 90, 80]}]}
 //! ```
+//!
+//! Agent traces take OpenAI's shape: `tools` beside `messages`, assistant messages with
+//! `tool_calls` (whose `content` may be null or left out), and `tool` messages answering them:
+//! ```json
+//! {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {...}}}],
+//!  "messages": [
+//!   {"role": "user", "content": "Do I need an umbrella?"},
+//!   {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+//!     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+//!   {"role": "tool", "tool_call_id": "c1", "content": "Rain all day."}
+//! ]}
+//! ```
 
 use std::path::Path;
 
-use lmhost_plugin_api::abi_stable::std_types::RVec;
-use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, Turn};
+use lmhost_plugin_api::abi_stable::std_types::{RString, RVec};
+use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, ToolCall, Turn};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
 use crate::explain::{ImageRegions, Region};
@@ -40,13 +53,83 @@ use crate::{audio, images};
 #[serde(deny_unknown_fields)]
 struct ConversationFile {
     messages: Vec<FileMessage>,
+    #[serde(default)]
+    tools: Vec<Box<RawValue>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileMessage {
     role: Role,
-    content: Content,
+    #[serde(default)]
+    content: Option<Content>,
+    #[serde(default)]
+    tool_calls: Vec<WireToolCall>,
+    tool_call_id: Option<String>,
+}
+
+/// A tool call in OpenAI's shape. `arguments` is the text of a JSON object, as OpenAI sends
+/// it, or the object itself, as Transformers' examples write it.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WireToolCall {
+    id: String,
+    /// Checked, not kept: "function" is the only kind.
+    #[serde(rename = "type")]
+    _kind: Option<FunctionKind>,
+    function: WireFunction,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum FunctionKind {
+    Function,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct WireFunction {
+    name: String,
+    #[schema(value_type = Object)]
+    arguments: Box<RawValue>,
+}
+
+impl WireToolCall {
+    /// The call for a backend: `arguments` given as a string become the text it holds.
+    pub(crate) fn into_call(self) -> ToolCall {
+        let raw = self.function.arguments.get();
+        let arguments = match serde_json::from_str::<String>(raw) {
+            Ok(text) => text,
+            Err(_) => raw.to_string(),
+        };
+        ToolCall {
+            id: self.id.into(),
+            name: self.function.name.into(),
+            arguments: arguments.into(),
+        }
+    }
+}
+
+/// A message of `parts` with its tool calls, or answering the call `tool_call_id`.
+pub(crate) fn tool_message(
+    role: Role,
+    parts: Vec<Part>,
+    tool_calls: Vec<WireToolCall>,
+    tool_call_id: Option<String>,
+) -> Message {
+    Message {
+        tool_calls: tool_calls
+            .into_iter()
+            .map(WireToolCall::into_call)
+            .collect(),
+        tool_call_id: tool_call_id.map(RString::from).into(),
+        ..Message::new(role, parts)
+    }
+}
+
+/// The tools as the snapshot holds them: each one's JSON text.
+pub(crate) fn tool_texts(tools: &[Box<RawValue>]) -> Vec<RString> {
+    tools.iter().map(|t| RString::from(t.get())).collect()
 }
 
 #[derive(Debug)]
@@ -235,8 +318,16 @@ pub fn parse_with_regions(
         .enumerate()
         .map(|(m, message)| {
             let parts = match message.content {
-                Content::Text(text) => RVec::from(vec![Part::text(text)]),
-                Content::Parts(mut parts) => {
+                None if message.tool_calls.is_empty() => {
+                    return Err(invalid(format!(
+                        "message {} has no `content`; only an assistant message with \
+                         `tool_calls` may leave it out",
+                        m + 1
+                    )))
+                }
+                None => Vec::new(),
+                Some(Content::Text(text)) => vec![Part::text(text)],
+                Some(Content::Parts(mut parts)) => {
                     let images = parts.iter_mut().filter_map(|part| match part {
                         FilePart::Image { regions, .. } => Some(regions),
                         _ => None,
@@ -249,16 +340,15 @@ pub fn parse_with_regions(
                             let what = format!("message {}, part {}", m + 1, p + 1);
                             part.into_part(base, path, &what)
                         })
-                        .collect::<Result<RVec<Part>>>()?
+                        .collect::<Result<Vec<Part>>>()?
                 }
             };
-            Ok(Message {
-                role: message.role,
-                parts,
-            })
+            let (calls, id) = (message.tool_calls, message.tool_call_id);
+            Ok(tool_message(message.role, parts, calls, id))
         })
         .collect::<Result<Vec<_>>>()?;
-    let conversation = ConversationSnapshot::new(group_turns(messages))
+    let tools = tool_texts(&file.tools);
+    let conversation = ConversationSnapshot::with_tools(group_turns(messages), tools)
         .map_err(|e| invalid(e.message.into_string()))?;
     Ok((conversation, regions))
 }
@@ -283,12 +373,13 @@ pub fn from_messages(messages: impl IntoIterator<Item = Message>) -> Result<Conv
         .map_err(|e| Error::Invalid(e.message.into_string()))
 }
 
-/// Splits messages into turns, closing a turn after each assistant message.
+/// Splits messages into turns, closing a turn after each assistant message that calls no tool:
+/// an agent's calls and their results stay in the turn they answer.
 pub fn group_turns(messages: impl IntoIterator<Item = Message>) -> Vec<Turn> {
     let mut turns = Vec::new();
     let mut current = Vec::new();
     for message in messages {
-        let closes = message.role == Role::Assistant;
+        let closes = message.role == Role::Assistant && message.tool_calls.is_empty();
         current.push(message);
         if closes {
             turns.push(Turn {

@@ -52,10 +52,7 @@ fn recording() -> Audio {
 }
 
 fn conversation(media: Part, question: &str) -> ConversationSnapshot {
-    let message = Message {
-        role: Role::User,
-        parts: vec![media, Part::text(question)].into(),
-    };
+    let message = Message::new(Role::User, vec![media, Part::text(question)]);
     ConversationSnapshot::new(vec![Turn {
         messages: vec![message].into(),
     }])
@@ -192,10 +189,7 @@ fn whole_media_is_hidden_with_its_message() {
         (Part::Audio { audio: recording() }, "loud"),
     ];
     for (part, reply) in cases {
-        let media = Message {
-            role: Role::User,
-            parts: vec![part].into(),
-        };
+        let media = Message::new(Role::User, vec![part]);
         let question = Message::text(Role::User, "What is it like?");
         let conversation = ConversationSnapshot::new(vec![Turn {
             messages: vec![media, question].into(),
@@ -358,15 +352,14 @@ fn failure(args: &[String]) -> String {
 #[test]
 fn the_html_page_shades_regions_and_segments() {
     use lmhost::report::html::shade;
-    let message = Message {
-        role: Role::User,
-        parts: vec![
+    let message = Message::new(
+        Role::User,
+        vec![
             Part::Image { image: picture() },
             Part::Audio { audio: recording() },
             Part::text("Describe both."),
-        ]
-        .into(),
-    };
+        ],
+    );
     let conversation = ConversationSnapshot::new(vec![Turn {
         messages: vec![message].into(),
     }])

@@ -61,9 +61,9 @@ fn with_audio(seconds: usize, seed: f32) -> lmhost::ConversationSnapshot {
     let samples: Vec<f32> = (0..16_000 * seconds)
         .map(|i| (i as f32 * 0.001 + seed).sin() * 0.5)
         .collect();
-    let message = Message {
-        role: Role::User,
-        parts: RVec::from(vec![
+    let message = Message::new(
+        Role::User,
+        vec![
             Part::Audio {
                 audio: Audio {
                     samples: RVec::from(samples),
@@ -71,8 +71,8 @@ fn with_audio(seconds: usize, seed: f32) -> lmhost::ConversationSnapshot {
                 },
             },
             Part::text("What is said here?"),
-        ]),
-    };
+        ],
+    );
     lmhost::ConversationSnapshot::new(vec![Turn {
         messages: RVec::from(vec![message]),
     }])

@@ -181,16 +181,10 @@ fn the_openai_backend_against_llama_cpp_python() {
         let snapshot = conversation(user);
         let scored = remote.score(&snapshot, reply).unwrap();
         let messages = [
-            ChatMessage {
-                role: "system",
-                content: "You answer in one short sentence.".into(),
-            },
-            ChatMessage {
-                role: "user",
-                content: user.into(),
-            },
+            ChatMessage::new("system", "You answer in one short sentence."),
+            ChatMessage::new("user", user),
         ];
-        let prompt = template.render(&messages, true).unwrap();
+        let prompt = template.render(&messages, &[], true).unwrap();
         let (head, whole) = (ids(&prompt), ids(&format!("{prompt}{reply}")));
         assert_eq!(scored.token_ids.as_slice(), &whole[head.len()..], "{user}");
         assert_eq!(

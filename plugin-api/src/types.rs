@@ -22,6 +22,8 @@ pub enum Role {
     /// Text that goes into the prompt verbatim, with no chat template: how base models are
     /// driven and raw continuations scored. A conversation is all raw or has no raw message.
     Raw,
+    /// A tool's result, answering an assistant message's call (`Message::tool_call_id`).
+    Tool,
 }
 
 impl Role {
@@ -32,6 +34,7 @@ impl Role {
             Role::User => "user",
             Role::Assistant => "assistant",
             Role::Raw => "raw",
+            Role::Tool => "tool",
         }
     }
 }
@@ -157,20 +160,56 @@ impl Part {
     }
 }
 
+/// An assistant's call of a tool, as OpenAI's API carries it.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    /// Unique in the conversation; the `tool` message that answers the call names it.
+    pub id: RString,
+    /// The function called.
+    pub name: RString,
+    /// The arguments: the text of a JSON object.
+    pub arguments: RString,
+}
+
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
     pub role: Role,
     pub parts: RVec<Part>,
+    /// An assistant message's calls of tools.
+    #[serde(default, skip_serializing_if = "RVec::is_empty")]
+    pub tool_calls: RVec<ToolCall>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "ROption::is_none")]
+    pub tool_call_id: ROption<RString>,
 }
 
 impl Message {
-    /// A message holding one text part.
-    pub fn text(role: Role, text: impl Into<String>) -> Self {
+    /// A message of `parts`, with no tool call.
+    pub fn new(role: Role, parts: Vec<Part>) -> Self {
         Message {
             role,
-            parts: RVec::from(vec![Part::text(text)]),
+            parts: parts.into(),
+            tool_calls: RVec::new(),
+            tool_call_id: ROption::RNone,
+        }
+    }
+
+    /// A message holding one text part.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Self::new(role, vec![Part::text(text)])
+    }
+
+    /// This message with `parts` instead of its own; its tool calls and call id stay.
+    pub fn with_parts(&self, parts: Vec<Part>) -> Self {
+        Message {
+            role: self.role,
+            parts: parts.into(),
+            tool_calls: self.tool_calls.clone(),
+            tool_call_id: self.tool_call_id.clone(),
         }
     }
 
@@ -202,14 +241,24 @@ pub struct Turn {
     pub messages: RVec<Message>,
 }
 
-/// A conversation as a backend sees it: non-empty turns of non-empty messages, with a content id.
+/// A conversation as a backend sees it: non-empty turns of non-empty messages, the tools it
+/// may call, and a content id.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "SnapshotWire")]
 pub struct ConversationSnapshot {
     pub turns: RVec<Turn>,
-    /// First 16 hex chars of the sha256 of the canonical JSON of `turns`.
+    /// First 16 hex chars of the sha256 of the canonical JSON of `turns` (and of `tools`,
+    /// where there are any).
     pub snapshot_id: RString,
+    /// The tools the model is told of (the chat template's `tools`): each the text of a JSON
+    /// object, in OpenAI's shape (`{"type": "function", "function": {...}}`).
+    #[serde(
+        default,
+        skip_serializing_if = "RVec::is_empty",
+        serialize_with = "json_texts::serialize"
+    )]
+    pub tools: RVec<RString>,
 }
 
 /// The serde shape of a snapshot; the id is recomputed, and checked when given.
@@ -219,13 +268,16 @@ struct SnapshotWire {
     turns: Vec<Turn>,
     #[serde(default)]
     snapshot_id: Option<String>,
+    #[serde(default)]
+    tools: Vec<Box<serde_json::value::RawValue>>,
 }
 
 impl TryFrom<SnapshotWire> for ConversationSnapshot {
     type Error = PluginError;
 
     fn try_from(wire: SnapshotWire) -> Result<Self, PluginError> {
-        let snapshot = ConversationSnapshot::new(wire.turns)?;
+        let tools = wire.tools.iter().map(|t| RString::from(t.get())).collect();
+        let snapshot = ConversationSnapshot::with_tools(wire.turns, tools)?;
         match wire.snapshot_id {
             Some(id) if id != snapshot.snapshot_id.as_str() => {
                 Err(PluginError::invalid_input(format!(
@@ -238,10 +290,34 @@ impl TryFrom<SnapshotWire> for ConversationSnapshot {
     }
 }
 
+/// JSON texts written as the JSON they hold, not as strings.
+mod json_texts {
+    use abi_stable::std_types::{RString, RVec};
+    use serde::ser::{Error, SerializeSeq};
+    use serde::Serializer;
+    use serde_json::value::RawValue;
+
+    pub fn serialize<S: Serializer>(texts: &RVec<RString>, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(texts.len()))?;
+        for text in texts {
+            let raw: &RawValue = serde_json::from_str(text).map_err(S::Error::custom)?;
+            seq.serialize_element(raw)?;
+        }
+        seq.end()
+    }
+}
+
 impl ConversationSnapshot {
-    /// Builds a snapshot, refusing an empty conversation, an empty turn, or raw text mixed with
-    /// chat messages (a template cannot render one, and raw text has no roles).
+    /// Builds a snapshot with no tools: [`ConversationSnapshot::with_tools`].
     pub fn new(turns: Vec<Turn>) -> Result<Self, PluginError> {
+        Self::with_tools(turns, Vec::new())
+    }
+
+    /// Builds a snapshot, refusing an empty conversation, an empty turn, raw text mixed with
+    /// chat messages (a template cannot render one, and raw text has no roles), a tool that is
+    /// not a JSON object, and a tool call and its answers that do not match
+    /// ([`check_tool_calls`]).
+    pub fn with_tools(turns: Vec<Turn>, tools: Vec<RString>) -> Result<Self, PluginError> {
         if turns.is_empty() {
             return Err(PluginError::invalid_input(
                 "a conversation needs at least one turn",
@@ -254,15 +330,32 @@ impl ConversationSnapshot {
         }
         let messages = turns.iter().flat_map(|t| t.messages.iter());
         let raw = messages.clone().filter(|m| m.role == Role::Raw).count();
-        if raw > 0 && raw < messages.count() {
+        if raw > 0 && raw < messages.clone().count() {
             return Err(PluginError::invalid_input(
-                "raw text cannot be mixed with system, user or assistant messages: \
+                "raw text cannot be mixed with system, user, assistant or tool messages: \
                  a conversation is either all `raw` (no chat template) or all chat messages",
             ));
         }
+        if raw > 0 && !tools.is_empty() {
+            return Err(PluginError::invalid_input(
+                "raw text has no chat template to tell the model of tools; drop `tools` or \
+                 send chat messages",
+            ));
+        }
+        for (k, tool) in tools.iter().enumerate() {
+            json_object(tool).map_err(|e| {
+                PluginError::invalid_input(format!("tools[{k}] is not a JSON object: {e}"))
+            })?;
+        }
+        check_tool_calls(messages)?;
         let turns = RVec::from(turns);
-        let snapshot_id = RString::from(snapshot_id(&turns));
-        Ok(ConversationSnapshot { turns, snapshot_id })
+        let tools = RVec::from(tools);
+        let snapshot_id = RString::from(snapshot_id(&turns, &tools));
+        Ok(ConversationSnapshot {
+            turns,
+            snapshot_id,
+            tools,
+        })
     }
 
     /// A one-turn conversation of a single user message.
@@ -307,9 +400,107 @@ impl ConversationSnapshot {
 
 /// Canonical JSON is serde_json's output for the turns: struct fields in declaration order, no
 /// whitespace, floats in shortest round-trip form, so it is the same on every run and platform.
-fn snapshot_id(turns: &RVec<Turn>) -> String {
-    let json = serde_json::to_vec(turns).expect("turns always serialize");
-    hex(&Sha256::digest(&json)[..8])
+/// The tools follow as their texts, only where there are any, so a conversation without tools
+/// keeps the id it always had.
+fn snapshot_id(turns: &RVec<Turn>, tools: &RVec<RString>) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(serde_json::to_vec(turns).expect("turns always serialize"));
+    if !tools.is_empty() {
+        hasher.update(serde_json::to_vec(tools).expect("strings always serialize"));
+    }
+    hex(&hasher.finalize()[..8])
+}
+
+/// `text` parsed, where it is a JSON object.
+fn json_object(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(other) => Err(format!("it holds {other}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Tool calls and their answers must match as OpenAI's API has them: only an assistant message
+/// calls, each call has a unique id, a name and arguments that are a JSON object, and each
+/// `tool` message answers, once, a call made before it.
+fn check_tool_calls<'a>(messages: impl Iterator<Item = &'a Message>) -> Result<(), PluginError> {
+    let invalid =
+        |m: usize, what: String| Err(PluginError::invalid_input(format!("message {m}: {what}")));
+    // Per call id: the message that made it, and the one that answered it.
+    let mut calls: std::collections::HashMap<&str, (usize, Option<usize>)> = Default::default();
+    for (m, message) in messages.enumerate() {
+        if !message.tool_calls.is_empty() && message.role != Role::Assistant {
+            return invalid(
+                m,
+                format!(
+                    "a {} message has `tool_calls`; only assistant messages call tools",
+                    message.role.as_str()
+                ),
+            );
+        }
+        for call in message.tool_calls.iter() {
+            let what = format!("tool call {:?} ({})", call.id.as_str(), call.name.as_str());
+            if call.id.is_empty() || call.name.is_empty() {
+                return invalid(
+                    m,
+                    format!("{what} needs a non-empty `id` and function `name`"),
+                );
+            }
+            if let Err(e) = json_object(&call.arguments) {
+                return invalid(
+                    m,
+                    format!("{what}: its arguments must be a JSON object ({e})"),
+                );
+            }
+            if let Some((first, _)) = calls.insert(call.id.as_str(), (m, None)) {
+                return invalid(
+                    m,
+                    format!("{what} reuses the id of a call in message {first}; ids are unique"),
+                );
+            }
+        }
+        match (message.role, message.tool_call_id.as_ref()) {
+            (Role::Tool, ROption::RSome(id)) => match calls.get_mut(id.as_str()) {
+                None => {
+                    return invalid(
+                        m,
+                        format!(
+                            "the tool message answers call {:?}, which no assistant message \
+                             before it made",
+                            id.as_str()
+                        ),
+                    )
+                }
+                Some((_, Some(answered))) => {
+                    return invalid(
+                        m,
+                        format!(
+                            "call {:?} was already answered by message {answered}",
+                            id.as_str()
+                        ),
+                    )
+                }
+                Some((_, answer)) => *answer = Some(m),
+            },
+            (Role::Tool, ROption::RNone) => {
+                return invalid(
+                    m,
+                    "a tool message needs `tool_call_id`, the id of the call it answers".into(),
+                )
+            }
+            (_, ROption::RSome(_)) => {
+                return invalid(
+                    m,
+                    format!(
+                        "a {} message has `tool_call_id`; only tool messages answer calls",
+                        message.role.as_str()
+                    ),
+                )
+            }
+            (_, ROption::RNone) => {}
+        }
+    }
+    Ok(())
 }
 
 /// How to generate. Validated by the host before it reaches a backend.

@@ -8,7 +8,7 @@ use std::path::Path;
 use lmhost_plugin_api::{ConversationSnapshot, Image, Message, Part, PluginError};
 
 use crate::multimodal::Processor;
-use crate::template::{ChatContent, ChatMessage, ChatPart, ChatTemplate};
+use crate::template::{ChatContent, ChatMessage, ChatPart, ChatTemplate, ChatToolCall};
 
 /// The option value that asks for `role: content` lines instead of a template.
 pub const PLAIN: &str = "plain";
@@ -106,8 +106,9 @@ impl PromptFormat {
                 let messages: Vec<ChatMessage> = (snapshot.messages().zip(&texts))
                     .map(|(m, t)| chat_message(m, t, processor.is_some()))
                     .collect();
+                let tools: Vec<&str> = snapshot.tools.iter().map(|t| t.as_str()).collect();
                 let text = template
-                    .render(&messages, true)
+                    .render(&messages, &tools, true)
                     .map_err(|e| PluginError::invalid_input(format!("model `{model}`: {e}")))?;
                 match processor {
                     Some(processor) => (expand_markers(&text, &images, processor, model)?, false),
@@ -129,11 +130,13 @@ impl PromptFormat {
 
 /// A message as a template sees it: its `text`, or its parts in order where it holds images or
 /// the model is a vision-language one (`parts`), whose templates are written for the list that
-/// Transformers' processors pass (SmolVLM's reads `content[0]['type']` of every message).
+/// Transformers' processors pass (SmolVLM's reads `content[0]['type']` of every message); and
+/// its tool calls, or the call it answers. A message of tool calls alone has no `content`.
 fn chat_message<'a>(message: &'a Message, text: &'a str, parts: bool) -> ChatMessage<'a> {
     let content = match parts || message.has_images() {
-        false => ChatContent::Text(text),
-        true => ChatContent::Parts(
+        _ if message.parts.is_empty() && !message.tool_calls.is_empty() => None,
+        false => Some(ChatContent::Text(text)),
+        true => Some(ChatContent::Parts(
             (message.parts.iter())
                 .filter_map(|part| match part {
                     Part::Text { text } => Some(ChatPart::Text { text }),
@@ -141,11 +144,19 @@ fn chat_message<'a>(message: &'a Message, text: &'a str, parts: bool) -> ChatMes
                     Part::Audio { .. } => None,
                 })
                 .collect(),
-        ),
+        )),
     };
     ChatMessage {
         role: message.role.as_str(),
         content,
+        tool_calls: (message.tool_calls.iter())
+            .map(|call| ChatToolCall {
+                id: &call.id,
+                name: &call.name,
+                arguments: &call.arguments,
+            })
+            .collect(),
+        tool_call_id: message.tool_call_id.as_ref().map(|id| id.as_str()).into(),
     }
 }
 
@@ -280,9 +291,11 @@ mod tests {
         let image = Part::Image {
             image: Image::new(1, 1, vec![0; 3]).unwrap(),
         };
-        let message = |role| Message {
-            role,
-            parts: vec![Part::text("Look:"), image.clone(), Part::text("!")].into(),
+        let message = |role| {
+            Message::new(
+                role,
+                vec![Part::text("Look:"), image.clone(), Part::text("!")],
+            )
         };
         let of = |m: Message| {
             ConversationSnapshot::new(vec![Turn {

@@ -236,10 +236,7 @@ fn a_gemma3_chat_with_images_renders_as_transformers_does() {
             })
             .collect();
         let role = role(m["role"].as_str().unwrap());
-        messages.push(Message {
-            role,
-            parts: RVec::from(parts),
-        });
+        messages.push(Message::new(role, parts));
         if role == Role::Assistant {
             turns.push(Turn {
                 messages: RVec::from(std::mem::take(&mut messages)),

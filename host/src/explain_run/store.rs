@@ -314,9 +314,9 @@ mod tests {
     fn with_audio(samples: Vec<f32>) -> ConversationSnapshot {
         use lmhost_plugin_api::abi_stable::std_types::RVec;
         use lmhost_plugin_api::{Audio, Message, Role, Turn};
-        let message = Message {
-            role: Role::User,
-            parts: RVec::from(vec![
+        let message = Message::new(
+            Role::User,
+            vec![
                 Part::Audio {
                     audio: Audio {
                         samples: RVec::from(samples),
@@ -324,8 +324,8 @@ mod tests {
                     },
                 },
                 Part::text("what is said?"),
-            ]),
-        };
+            ],
+        );
         ConversationSnapshot::new(vec![Turn {
             messages: RVec::from(vec![message]),
         }])

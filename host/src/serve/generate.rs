@@ -53,7 +53,10 @@ pub(super) async fn chat(
             ));
         }
     }
-    let snapshot = chat_snapshot(request.messages)?;
+    let snapshot = chat_snapshot(
+        request.messages,
+        request.tools.as_deref().unwrap_or_default(),
+    )?;
     let max_tokens = match (request.max_completion_tokens, request.max_tokens) {
         (Some(n), _) => Some(("max_completion_tokens", n)),
         (None, Some(n)) => Some(("max_tokens", n)),

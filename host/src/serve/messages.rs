@@ -4,36 +4,50 @@
 use std::path::Path;
 
 use lmhost_plugin_api::{Image, Message, Part, Role};
+use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use super::wire::{ChatMessage, Content, ContentPart, WireRole};
-use crate::conversation::group_turns;
+use crate::conversation::{group_turns, tool_message, tool_texts};
 use crate::{images, ConversationSnapshot, Error};
 
-/// The conversation of a chat request's `messages`.
-pub(super) fn chat_snapshot(messages: Vec<ChatMessage>) -> Result<ConversationSnapshot, ApiError> {
+/// The conversation of a chat request's `messages` and `tools`.
+pub(super) fn chat_snapshot(
+    messages: Vec<ChatMessage>,
+    tools: &[Box<RawValue>],
+) -> Result<ConversationSnapshot, ApiError> {
     let messages = (messages.into_iter().enumerate())
         .map(|(i, m)| {
-            Ok(Message {
-                role: match m.role {
-                    WireRole::System | WireRole::Developer => Role::System,
-                    WireRole::User => Role::User,
-                    WireRole::Assistant => Role::Assistant,
-                },
-                parts: match m.content {
-                    Content::Text(text) => vec![Part::text(text)].into(),
-                    Content::Parts(parts) => (parts.into_iter().enumerate())
-                        .map(|(j, part)| match part {
-                            ContentPart::Text { text } => Ok(Part::text(text)),
-                            ContentPart::ImageUrl { image_url } => {
-                                let field = format!("messages[{i}].content[{j}].image_url.url");
-                                let image = image_of(&image_url.url, &field)?;
-                                Ok(Part::Image { image })
-                            }
-                        })
-                        .collect::<Result<_, ApiError>>()?,
-                },
-            })
+            let role = match m.role {
+                WireRole::System | WireRole::Developer => Role::System,
+                WireRole::User => Role::User,
+                WireRole::Assistant => Role::Assistant,
+                WireRole::Tool => Role::Tool,
+            };
+            let parts = match m.content {
+                None if m.tool_calls.is_empty() => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].content"),
+                        format!(
+                            "`messages[{i}].content` is missing; only an assistant message \
+                             with `tool_calls` may leave it out"
+                        ),
+                    ))
+                }
+                None => Vec::new(),
+                Some(Content::Text(text)) => vec![Part::text(text)],
+                Some(Content::Parts(parts)) => (parts.into_iter().enumerate())
+                    .map(|(j, part)| match part {
+                        ContentPart::Text { text } => Ok(Part::text(text)),
+                        ContentPart::ImageUrl { image_url } => {
+                            let field = format!("messages[{i}].content[{j}].image_url.url");
+                            let image = image_of(&image_url.url, &field)?;
+                            Ok(Part::Image { image })
+                        }
+                    })
+                    .collect::<Result<_, ApiError>>()?,
+            };
+            Ok(tool_message(role, parts, m.tool_calls, m.tool_call_id))
         })
         .collect::<Result<Vec<Message>, ApiError>>()?;
     if messages.is_empty() {
@@ -42,7 +56,7 @@ pub(super) fn chat_snapshot(messages: Vec<ChatMessage>) -> Result<ConversationSn
             "`messages` holds no message; at least one is needed",
         ));
     }
-    ConversationSnapshot::new(group_turns(messages))
+    ConversationSnapshot::with_tools(group_turns(messages), tool_texts(tools))
         .map_err(|e| ApiError::invalid("messages", e.message.into_string()))
 }
 

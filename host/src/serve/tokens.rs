@@ -44,7 +44,10 @@ pub(super) async fn tokenize(
             ConversationSnapshot::raw(text),
             request.add_special.unwrap_or(false),
         ),
-        (None, None, Some(messages)) => ("messages", chat_snapshot(messages)?, true),
+        (None, None, Some(messages)) => {
+            let tools = request.tools.as_deref().unwrap_or_default();
+            ("messages", chat_snapshot(messages, tools)?, true)
+        }
         _ => {
             return Err(ApiError::invalid(
                 "prompt",

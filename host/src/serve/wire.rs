@@ -5,6 +5,8 @@
 //! listed as known fields. Responses carry the fields official clients read.
 
 use lmhost_plugin_api::{FinishReason, GenerationRecord};
+
+pub use crate::conversation::WireToolCall;
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, OneOfBuilder, Schema};
 use utoipa::openapi::RefOr;
@@ -16,6 +18,10 @@ use utoipa::{PartialSchema, ToSchema};
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
+    /// Given to the chat template as `tools`. The reply is the model's text as it wrote it:
+    /// a call the model writes is not parsed into `tool_calls`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Vec<Box<serde_json::value::RawValue>>>,
     pub max_tokens: Option<u32>,
     pub max_completion_tokens: Option<u32>,
     pub temperature: Option<f32>,
@@ -38,8 +44,13 @@ pub struct ChatRequest {
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     pub role: WireRole,
-    pub content: Content,
+    /// May be null or left out in an assistant message with `tool_calls`.
+    #[serde(default)]
+    pub content: Option<Content>,
     pub name: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<WireToolCall>,
+    pub tool_call_id: Option<String>,
 }
 
 /// Roles a message may have; `developer` is OpenAI's newer name for `system`.
@@ -50,6 +61,7 @@ pub enum WireRole {
     Developer,
     User,
     Assistant,
+    Tool,
 }
 
 #[derive(Debug)]
@@ -352,6 +364,9 @@ pub struct TokenizeRequest {
     pub prompt: Option<String>,
     pub content: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
+    /// With `messages`: the chat template's `tools`, as in a chat request.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Vec<Box<serde_json::value::RawValue>>>,
     /// Only `true` (the default): the chat template always opens the assistant's turn.
     pub add_generation_prompt: Option<bool>,
     pub add_special_tokens: Option<bool>,

@@ -26,11 +26,64 @@ use serde::Serialize;
 use error::Failure;
 pub use error::TemplateError;
 
-/// One message of a conversation, as the template sees it: `message.role`, `message.content`.
+/// One message of a conversation, as the template sees it: `message.role`, `message.content`
+/// and, in an agent's trace, `message.tool_calls` and `message.tool_call_id`. A field a message
+/// lacks is left out (undefined to the template), as in Transformers' examples.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatMessage<'a> {
     pub role: &'a str,
-    pub content: ChatContent<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<ChatContent<'a>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub tool_calls: Vec<ChatToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<&'a str>,
+}
+
+impl<'a> ChatMessage<'a> {
+    /// A message of `content` alone.
+    pub fn new(role: &'a str, content: impl Into<ChatContent<'a>>) -> Self {
+        ChatMessage {
+            role,
+            content: Some(content.into()),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// A call of a tool as Transformers' templates read it: `{"id": ..., "type": "function",
+/// "function": {"name": ..., "arguments": {...}}}`, the arguments an object (as vLLM also
+/// passes them), not OpenAI's JSON text.
+#[derive(Debug, Clone)]
+pub struct ChatToolCall<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    /// The text of a JSON object.
+    pub arguments: &'a str,
+}
+
+impl Serialize for ChatToolCall<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut function = s.serialize_map(Some(3))?;
+        function.serialize_entry("id", self.id)?;
+        function.serialize_entry("type", "function")?;
+        function.serialize_entry(
+            "function",
+            &Value::from_iter([
+                ("name", Value::from(self.name)),
+                ("arguments", json_value(self.arguments)),
+            ]),
+        )?;
+        function.end()
+    }
+}
+
+/// JSON text as a template value, its objects' keys in their order (Python's dicts keep it);
+/// text that does not parse stays a string.
+fn json_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::from(text))
 }
 
 /// A message's content: a string, or, where it holds images, the list of parts Transformers
@@ -162,13 +215,15 @@ impl ChatTemplate {
     /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`,
     /// rendered in a process of its own within [`limits::MEMORY`] and [`limits::TIME`] (on Linux;
     /// elsewhere in this one).
+    /// `tools` are the texts of the JSON objects the template gets as `tools` (none: `None`).
     pub fn render(
         &self,
         messages: &[ChatMessage],
+        tools: &[&str],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
         let template = self.template()?;
-        let context = self.context(messages, add_generation_prompt);
+        let context = self.context(messages, tools, add_generation_prompt);
         self.sandboxed(&template, context)
             .map_err(|failure| TemplateError::failed(&self.origin, failure))
     }
@@ -179,11 +234,15 @@ impl ChatTemplate {
     pub fn render_unsandboxed(
         &self,
         messages: &[ChatMessage],
+        tools: &[&str],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
         let template = self.template()?;
-        within_limits(&template, self.context(messages, add_generation_prompt))
-            .map_err(|failure| TemplateError::failed(&self.origin, failure))
+        within_limits(
+            &template,
+            self.context(messages, tools, add_generation_prompt),
+        )
+        .map_err(|failure| TemplateError::failed(&self.origin, failure))
     }
 
     fn template(&self) -> Result<Template<'_, '_>, TemplateError> {
@@ -244,11 +303,20 @@ impl ChatTemplate {
     /// The variables `apply_chat_template` passes: `render_jinja_template` gives `tools` and
     /// `documents` as None when there are none, and a special token the tokenizer lacks is left
     /// out (undefined).
-    fn context(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Value {
+    fn context(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[&str],
+        add_generation_prompt: bool,
+    ) -> Value {
+        let tools = match tools {
+            [] => Value::from(()),
+            tools => tools.iter().map(|t| json_value(t)).collect(),
+        };
         let mut vars = vec![
             ("messages", Value::from_serialize(messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
-            ("tools", Value::from(())),
+            ("tools", tools),
             ("documents", Value::from(())),
         ];
         let tokens = [
@@ -330,6 +398,13 @@ fn environment() -> Environment<'static> {
     env.set_formatter(python::format);
     env.add_filter("tojson", python::tojson);
     env.add_filter("string", python::string);
+    env.add_filter("length", python::length);
+    env.add_filter("count", python::length);
+    env.add_filter("map", python::map);
+    env.add_filter("select", python::select);
+    env.add_filter("reject", python::reject);
+    env.add_filter("selectattr", python::selectattr);
+    env.add_filter("rejectattr", python::rejectattr);
     env.add_function("raise_exception", python::raise_exception);
     env.add_function("strftime_now", python::strftime_now);
     env.add_function(rewrite::CHECKED_ITERABLE, python::checked_iterable);

@@ -1,11 +1,13 @@
 //! The Python that chat templates lean on: the globals and the `tojson` filter Transformers adds
-//! to jinja2 (`_cached_compile_jinja_template` in `utils/chat_template_utils.py`), and the tests
-//! where jinja2's answer differs from minijinja's. Python's str/dict/list methods come from
-//! minijinja-contrib's pycompat.
+//! to jinja2 (`_cached_compile_jinja_template` in `utils/chat_template_utils.py`), and the
+//! filters and tests where jinja2's answer differs from minijinja's. Python's str/dict/list
+//! methods come from minijinja-contrib's pycompat.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
-use minijinja::value::{Kwargs, ValueKind};
+use minijinja::filters;
+use minijinja::value::{Kwargs, Rest, ValueKind};
 use minijinja::{Error, ErrorKind, Output, State, Value};
 
 /// The message of a `raise_exception` call, carried as the source of the render error so that
@@ -41,6 +43,64 @@ pub(super) fn checked_iterable(value: Value) -> Result<Value, Error> {
         ));
     }
     Ok(value)
+}
+
+/// jinja2's `map`, `select`, `reject`, `selectattr` and `rejectattr` return generators, where
+/// minijinja's return lists: a generator has no length, is always true, and `tojson` refuses
+/// it ("Object of type generator is not JSON serializable"), until `|list` makes a list of it.
+pub(super) fn generator(items: Vec<Value>) -> Value {
+    Value::make_iterable(move || items.clone().into_iter())
+}
+
+pub(super) fn map(state: &State, value: Value, args: Rest<Value>) -> Result<Value, Error> {
+    filters::map(state, value, args).map(generator)
+}
+
+pub(super) fn select(
+    state: &State,
+    value: Value,
+    test: Option<Cow<'_, str>>,
+    args: Rest<Value>,
+) -> Result<Value, Error> {
+    filters::select(state, value, test, args).map(generator)
+}
+
+pub(super) fn reject(
+    state: &State,
+    value: Value,
+    test: Option<Cow<'_, str>>,
+    args: Rest<Value>,
+) -> Result<Value, Error> {
+    filters::reject(state, value, test, args).map(generator)
+}
+
+pub(super) fn selectattr(
+    state: &State,
+    value: Value,
+    attr: Cow<'_, str>,
+    test: Option<Cow<'_, str>>,
+    args: Rest<Value>,
+) -> Result<Value, Error> {
+    filters::selectattr(state, value, attr, test, args).map(generator)
+}
+
+pub(super) fn rejectattr(
+    state: &State,
+    value: Value,
+    attr: Cow<'_, str>,
+    test: Option<Cow<'_, str>>,
+    args: Rest<Value>,
+) -> Result<Value, Error> {
+    filters::rejectattr(state, value, attr, test, args).map(generator)
+}
+
+/// The `length` filter as jinja2's: an undefined value has length 0 (jinja2's `Undefined`
+/// defines `__len__`), where minijinja's refuses it.
+pub(super) fn length(value: &Value) -> Result<usize, Error> {
+    match value.is_undefined() {
+        true => Ok(0),
+        false => minijinja::filters::length(value),
+    }
 }
 
 /// jinja2's `is iterable`: whatever Python's `iter()` accepts, which leaves out None (minijinja's
@@ -202,7 +262,9 @@ impl Dumps {
             ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
             ValueKind::Number => out.push_str(&number(value)),
             ValueKind::String => self.string(out, value.as_str().unwrap_or_default()),
-            ValueKind::Seq | ValueKind::Iterable => {
+            // `map`, `select` and their kin make a generator in jinja2, which json.dumps refuses.
+            ValueKind::Iterable => return Err(not_serializable(value)),
+            ValueKind::Seq => {
                 let items: Vec<Value> = value.try_iter()?.collect();
                 self.container(out, ('[', ']'), &items, depth, |out, item, depth| {
                     self.value(out, item, depth)
@@ -336,7 +398,10 @@ fn not_serializable(value: &Value) -> Error {
         ErrorKind::InvalidOperation,
         format!(
             "tojson: object of type {} is not JSON serializable",
-            value.kind()
+            match value.kind() {
+                ValueKind::Iterable => "generator".to_string(),
+                kind => kind.to_string(),
+            }
         ),
     )
 }

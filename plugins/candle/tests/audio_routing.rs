@@ -20,10 +20,10 @@ fn whisper_dir() -> std::path::PathBuf {
 fn audio_snapshot() -> ConversationSnapshot {
     let wav = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/audio.wav");
     let audio = lmhost::audio::read_wav(&wav).unwrap();
-    let message = Message {
-        role: Role::User,
-        parts: RVec::from(vec![Part::text("Transcribe:"), Part::Audio { audio }]),
-    };
+    let message = Message::new(
+        Role::User,
+        vec![Part::text("Transcribe:"), Part::Audio { audio }],
+    );
     ConversationSnapshot::new(vec![Turn {
         messages: RVec::from(vec![message]),
     }])

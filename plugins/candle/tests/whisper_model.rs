@@ -70,10 +70,7 @@ fn speak(text: &str) -> Audio {
 
 fn snapshot(parts: Vec<Part>) -> ConversationSnapshot {
     ConversationSnapshot::new(vec![Turn {
-        messages: RVec::from(vec![Message {
-            role: Role::User,
-            parts: RVec::from(parts),
-        }]),
+        messages: RVec::from(vec![Message::new(Role::User, parts)]),
     }])
     .unwrap()
 }

@@ -50,9 +50,8 @@ impl Vlm {
             },
             false => Part::text(p),
         };
-        let message = |role, parts: &[&str]| Message {
-            role,
-            parts: RVec::from(parts.iter().map(|p| part(p)).collect::<Vec<_>>()),
+        let message = |role, parts: &[&str]| {
+            Message::new(role, parts.iter().map(|p| part(p)).collect::<Vec<_>>())
         };
         let [first, second] = self.two;
         let (turns, reply) = match name {
@@ -201,10 +200,7 @@ pub fn coalitions_share_an_image(vlm: &Vlm, reused: u32) {
             "" => vec![image.clone()],
             text => vec![image.clone(), Part::text(text)],
         };
-        let message = Message {
-            role: Role::User,
-            parts: RVec::from(parts),
-        };
+        let message = Message::new(Role::User, parts);
         let turn = Turn {
             messages: RVec::from(vec![message]),
         };
