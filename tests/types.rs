@@ -223,11 +223,11 @@ fn a_tool_trace_round_trips_with_its_tools_as_written() {
 #[test]
 fn mismatched_tool_calls_are_refused_naming_the_message() {
     let cases = [
-        (trace(vec![call("c1", "{}")], vec![("c9", "Rain.")]), "message 2: the tool message answers call \"c9\", which no assistant message before it made"),
-        (trace(vec![call("c1", "{}"), call("c1", "{}")], vec![]), "message 1: tool call \"c1\" (get_weather) reuses the id of a call in message 1"),
-        (trace(vec![call("c1", "{city: Paris}")], vec![]), "message 1: tool call \"c1\" (get_weather): its arguments must be a JSON object"),
+        (trace(vec![call("c1", "{}")], vec![("c9", "Rain.")]), "messages[2]: the tool message answers call \"c9\", which no assistant message before it made"),
+        (trace(vec![call("c1", "{}"), call("c1", "{}")], vec![]), "messages[1]: tool call \"c1\" (get_weather) reuses the id of a call in messages[1]"),
+        (trace(vec![call("c1", "{city: Paris}")], vec![]), "messages[1]: tool call \"c1\" (get_weather): its arguments must be a JSON object"),
         (trace(vec![call("c1", "[1]")], vec![]), "its arguments must be a JSON object (it holds [1])"),
-        (trace(vec![call("c1", "{}")], vec![("c1", "a"), ("c1", "b")]), "message 3: call \"c1\" was already answered by message 2"),
+        (trace(vec![call("c1", "{}")], vec![("c1", "a"), ("c1", "b")]), "messages[3]: call \"c1\" was already answered by messages[2]"),
     ];
     for (outcome, expected) in cases {
         let err = outcome.unwrap_err();

@@ -82,49 +82,24 @@ impl fmt::Debug for Coalition {
 
 /// The conversation with only `coalition`'s players present; text outside any player stays.
 ///
-/// With `Absence::Delete` (and `Hide`, whose prompts are keyed by it) a message whose players are all absent is dropped (and a turn left
-/// empty with it); a conversation left with no message at all becomes one empty message (user,
-/// or raw for raw text), since a prompt needs at least one. With `Absence::Pad` each absent player's text becomes the
-/// placeholder, with `Absence::Neutral` the fill character as many times as the text has
-/// characters; the separators around it stay.
+/// With `Absence::Delete` (and `Hide`, whose prompts are keyed by it) a message whose players
+/// are all absent is dropped (and a turn left empty with it); a conversation left with no
+/// message at all becomes one empty message (user, or raw for raw text), since a prompt needs
+/// at least one. With `Absence::Pad` each absent player's text becomes the placeholder, with
+/// `Absence::Neutral` the fill character as many times as the text has characters; the
+/// separators around it stay. An absent tool call goes under every absence, and the `tool`
+/// message answering it with it (a call has no text to pad, and an answer without its call is
+/// no conversation); a `tool` message whose call stays is kept, emptied where its text goes.
 pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> ConversationSnapshot {
+    let absent_calls = players.absent_calls(coalition);
     let mut turns = Vec::new();
     let mut global = 0;
     for (t, turn) in players.conversation().turns.iter().enumerate() {
         let mut messages = Vec::new();
         for (m, message) in turn.messages.iter().enumerate() {
+            let rendered = render_whole(players, (t, m, global), message, coalition, absence);
+            messages.extend(with_calls(message, rendered, &absent_calls));
             global += 1;
-            let pieces = players.pieces(global - 1);
-            if !pieces.is_empty() {
-                // Media players keep their message: an absent one is painted or silenced.
-                let text = match players.layout(t, m) {
-                    Some(_) => render_message(players, t, m, message, coalition, absence),
-                    None => Some(message.text_content()),
-                };
-                let parts = rebuilt_parts(message, text.unwrap_or_default(), |k, part| {
-                    let absent = pieces
-                        .iter()
-                        .filter(|(i, piece)| piece.part() == k && !coalition.contains(*i))
-                        .map(|(_, piece)| *piece);
-                    Some(with_absent(players, global - 1, k, part, absent))
-                });
-                messages.push(message.with_parts(parts));
-                continue;
-            }
-            if let Some(text) = render_message(players, t, m, message, coalition, absence) {
-                let present = players.layout(t, m).is_some_and(|layout| {
-                    layout.players.iter().any(|&(p, _)| coalition.contains(p))
-                });
-                if present && text == message.text_content() {
-                    // Unchanged: keep the original, non-text parts included.
-                    messages.push(message.clone());
-                    continue;
-                }
-                let parts = rebuilt_parts(message, text, |_, part| kept_or_blank(part, present));
-                messages.push(message.with_parts(parts));
-            } else if !players.message_has_players(t, m) {
-                messages.push(message.clone());
-            }
         }
         if !messages.is_empty() {
             turns.push(Turn {
@@ -142,7 +117,70 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
             messages: vec![Message::text(role, "")].into(),
         });
     }
-    ConversationSnapshot::new(turns).expect("rendered turns are never empty")
+    let tools = players.conversation().tools.to_vec();
+    ConversationSnapshot::with_tools(turns, tools)
+        .expect("rendered turns are never empty, and keep each answer with its call")
+}
+
+/// Message `message` (number `m` of turn `t`, `global` across turns) under `coalition`, its
+/// tool calls as they were; `None` where it is dropped.
+fn render_whole(
+    players: &Players,
+    (t, m, global): (usize, usize, usize),
+    message: &Message,
+    coalition: &Coalition,
+    absence: &Absence,
+) -> Option<Message> {
+    let pieces = players.pieces(global);
+    if !pieces.is_empty() {
+        // Media players keep their message: an absent one is painted or silenced.
+        let text = match players.layout(t, m) {
+            Some(_) => render_message(players, t, m, message, coalition, absence),
+            None => Some(message.text_content()),
+        };
+        let parts = rebuilt_parts(message, text.unwrap_or_default(), |k, part| {
+            let absent = pieces
+                .iter()
+                .filter(|(i, piece)| piece.part() == k && !coalition.contains(*i))
+                .map(|(_, piece)| *piece);
+            Some(with_absent(players, global, k, part, absent))
+        });
+        return Some(message.with_parts(parts));
+    }
+    let Some(text) = render_message(players, t, m, message, coalition, absence) else {
+        return (!players.message_has_players(t, m)).then(|| message.clone());
+    };
+    let present = players
+        .layout(t, m)
+        .is_some_and(|layout| layout.players.iter().any(|&(p, _)| coalition.contains(p)));
+    if present && text == message.text_content() {
+        // Unchanged: keep the original, non-text parts included.
+        return Some(message.clone());
+    }
+    let parts = rebuilt_parts(message, text, |_, part| kept_or_blank(part, present));
+    Some(message.with_parts(parts))
+}
+
+/// `original` as `rendered`, without the calls in `absent`: a `tool` message goes with its
+/// call, and stays (empty, if its text went) while the call does; a message left with neither
+/// text nor calls goes.
+fn with_calls(original: &Message, rendered: Option<Message>, absent: &[&str]) -> Option<Message> {
+    if let Some(id) = original.tool_call_id.as_ref().into_option() {
+        return match absent.contains(&id.as_str()) {
+            true => None,
+            false => Some(rendered.unwrap_or_else(|| original.with_parts(Vec::new()))),
+        };
+    }
+    if original.tool_calls.is_empty() {
+        return rendered;
+    }
+    let mut message = rendered.unwrap_or_else(|| original.with_parts(Vec::new()));
+    message.tool_calls = (original.tool_calls.iter())
+        .filter(|call| !absent.contains(&call.id.as_str()))
+        .cloned()
+        .collect();
+    let empty = message.parts.is_empty() && message.tool_calls.is_empty();
+    (!empty).then_some(message)
 }
 
 /// A rendered message's parts: its text, with its audio and images where they were (those
@@ -471,5 +509,121 @@ mod tests {
         );
         let blanked = padded.messages().nth(2).unwrap();
         assert_eq!(blanked.parts.as_slice(), [image(0)]);
+    }
+
+    /// An agent's trace: the user asks, the assistant calls two tools, each answers, and the
+    /// user asks again.
+    fn trace() -> ConversationSnapshot {
+        use lmhost_plugin_api::abi_stable::std_types::ROption;
+        use lmhost_plugin_api::ToolCall;
+        let call = |id: &str, name: &str, arguments: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        };
+        let answer = |id: &str, text: &str| Message {
+            tool_call_id: ROption::RSome(id.into()),
+            ..Message::text(Role::Tool, text)
+        };
+        let messages = vec![
+            Message::text(Role::User, "Can I cycle to my meeting?"),
+            Message {
+                tool_calls: vec![
+                    call("w", "get_weather", r#"{"city": "Lyon"}"#),
+                    call("c", "list_events", r#"{"date": "2026-12-08"}"#),
+                ]
+                .into(),
+                ..Message::new(Role::Assistant, vec![])
+            },
+            answer("w", "Dry. Light wind."),
+            answer("c", "15:00 Design review."),
+            Message::text(Role::User, "So?"),
+        ];
+        let tools = vec![r#"{"type": "function"}"#.into()];
+        ConversationSnapshot::with_tools(
+            vec![Turn {
+                messages: messages.into(),
+            }],
+            tools,
+        )
+        .unwrap()
+    }
+
+    /// What a rendering keeps: each message's role, text and the names of its calls.
+    fn outline(s: &ConversationSnapshot) -> Vec<String> {
+        s.messages()
+            .map(|m| {
+                let calls: Vec<&str> = m.tool_calls.iter().map(|c| c.name.as_str()).collect();
+                format!("{}: {} {calls:?}", m.role.as_str(), m.text_content())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_tool_call_is_a_player_that_goes_with_its_answer() {
+        let p = Players::split(&trace(), &PlayerSpec::default()).unwrap();
+        let ids: Vec<(&str, &str)> = (p.players().iter())
+            .map(|p| (p.id.as_str(), p.text.as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("m0", "Can I cycle to my meeting?"),
+                ("m1.call0", r#"get_weather({"city": "Lyon"})"#),
+                ("m1.call1", r#"list_events({"date": "2026-12-08"})"#),
+                ("m2", "Dry. Light wind."),
+                ("m3", "15:00 Design review."),
+                ("m4", "So?"),
+            ]
+        );
+        let without_weather = Coalition::from_members(6, [0, 2, 3, 4, 5]);
+        for absence in [Absence::Delete, Absence::pad("_")] {
+            let s = render(&p, &without_weather, &absence);
+            assert_eq!(
+                outline(&s),
+                [
+                    "user: Can I cycle to my meeting? []",
+                    "assistant:  [\"list_events\"]",
+                    "tool: 15:00 Design review. []",
+                    "user: So? []",
+                ],
+                "{absence:?}"
+            );
+            assert_eq!(s.tools, trace().tools, "the tools stay");
+        }
+        let no_calls = render(
+            &p,
+            &Coalition::from_members(6, [0, 3, 4, 5]),
+            &Absence::Delete,
+        );
+        assert_eq!(
+            outline(&no_calls),
+            ["user: Can I cycle to my meeting? []", "user: So? []"]
+        );
+    }
+
+    #[test]
+    fn an_absent_tool_answer_leaves_its_call_answered_empty() {
+        let p = Players::split(&trace(), &PlayerSpec::default()).unwrap();
+        let without_answer = Coalition::from_members(6, [0, 1, 2, 4, 5]);
+        let deleted = render(&p, &without_answer, &Absence::Delete);
+        assert_eq!(outline(&deleted)[2], "tool:  []");
+        assert_eq!(outline(&deleted).len(), 5);
+        let padded = render(&p, &without_answer, &Absence::pad("_"));
+        assert_eq!(outline(&padded)[2], "tool: _ []");
+    }
+
+    #[test]
+    fn hide_refuses_tool_call_players() {
+        let p = Players::split(&trace(), &PlayerSpec::default()).unwrap();
+        let err = p.check_hideable().unwrap_err().to_string();
+        assert!(err.contains("player m1.call0 is a tool call"), "{err}");
+        let spec = PlayerSpec {
+            roles: vec![Role::Tool],
+            ..PlayerSpec::default()
+        };
+        let results = Players::split(&trace(), &spec).unwrap();
+        assert_eq!(results.len(), 2, "`roles = [\"tool\"]` selects the answers");
+        results.check_hideable().unwrap();
     }
 }

@@ -56,6 +56,7 @@ pub fn parts(text: &str, unit: &Unit, floor: Granularity) -> Vec<Unit> {
                 span: first.1.start..last.1.end,
                 id,
                 piece: None,
+                call: None,
             }
         })
         .collect()
@@ -118,6 +119,7 @@ fn media_parts(players: &Players, unit: &Unit, floor: Granularity) -> Vec<Unit> 
                 span: 0..0,
                 id,
                 piece: Some(piece),
+                call: None,
             })
             .collect()
     };
@@ -158,6 +160,7 @@ mod tests {
             span,
             id: "m2".into(),
             piece: None,
+            call: None,
         };
         (text.to_string(), unit)
     }

@@ -7,9 +7,11 @@ use std::ops::Range;
 
 use lmhost_plugin_api::{
     AudioSpan, ConversationSnapshot, Hideable, Image, ImageBox, Message, Part, Role, TextSpan,
+    ToolCall,
 };
 use serde::Serialize;
 
+use super::coalition::Coalition;
 use super::error::ExplainError;
 use super::media::{self, MediaSpec, Piece};
 pub use super::settings::{Fill, Granularity};
@@ -27,8 +29,8 @@ pub struct PlayerSpec {
 }
 
 /// One player: a stable id (`m2` a message, `m2.s0` a sentence, `m2.w5` a word, `m2.i0.r5` a
-/// region of the message's first image, `m1.a3` a segment of its audio; `m` counts messages
-/// across turns from 0) and its text.
+/// region of the message's first image, `m1.a3` a segment of its audio, `m3.call0` the
+/// message's first tool call; `m` counts messages across turns from 0) and its text.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Player {
     pub id: String,
@@ -43,16 +45,20 @@ pub struct Player {
     /// A media player's box or time span.
     #[serde(flatten)]
     pub piece: Option<Piece>,
+    /// A tool call player's index among its message's calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call: Option<usize>,
 }
 
 /// Where a player lies: a byte span of one message's text (`message` counts messages across
-/// turns) or a piece of one of its media parts, and its id.
+/// turns), a piece of one of its media parts or one of its tool calls, and its id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unit {
     pub message: usize,
     pub span: Range<usize>,
     pub id: String,
     pub piece: Option<Piece>,
+    pub call: Option<usize>,
 }
 
 /// Where a message's players lie in its text: before, between and after them is fixed text.
@@ -112,6 +118,8 @@ pub struct Players {
     /// The indices of the media players: rendering a coalition looks only at these, not at
     /// every word of a long context.
     media_players: Vec<usize>,
+    /// The indices of the tool call players.
+    call_players: Vec<usize>,
 }
 
 impl Players {
@@ -156,7 +164,9 @@ impl Players {
                         true => Granularity::Messages,
                         false => spec.granularity,
                     };
-                    let spans = match whole && !pieces.is_empty() {
+                    // A message of tool calls alone has no text to make a player of.
+                    let calls_alone = text.is_empty() && !message.tool_calls.is_empty();
+                    let spans = match (whole && !pieces.is_empty()) || calls_alone {
                         true => Vec::new(),
                         false => split_text(&text, granularity),
                     };
@@ -172,6 +182,7 @@ impl Players {
                             span,
                             id,
                             piece: None,
+                            call: None,
                         });
                     }
                     units.extend(pieces.into_iter().map(|(id, piece)| Unit {
@@ -179,6 +190,14 @@ impl Players {
                         span: 0..0,
                         id,
                         piece: Some(piece),
+                        call: None,
+                    }));
+                    units.extend((0..message.tool_calls.len()).map(|k| Unit {
+                        message: global,
+                        span: 0..0,
+                        id: format!("m{global}.call{k}"),
+                        piece: None,
+                        call: Some(k),
                     }));
                 }
                 global += 1;
@@ -195,8 +214,8 @@ impl Players {
     }
 
     /// Players made of `units` (disjoint, in conversation order: within a message its text
-    /// players, then its media players); the rest of the conversation stays. Absent image
-    /// regions are painted with `media.fill`.
+    /// players, then its media players, then its tool calls); the rest of the conversation
+    /// stays. Absent image regions are painted with `media.fill`.
     pub fn of_units(
         conversation: &ConversationSnapshot,
         units: Vec<Unit>,
@@ -220,9 +239,10 @@ impl Players {
                     .filter_map(|u| u.piece.as_ref().map(Piece::part))
                     .collect();
                 for unit in mine {
-                    let shown = match &unit.piece {
-                        Some(piece) => piece.text(),
-                        None => player_text(
+                    let shown = match (&unit.piece, unit.call) {
+                        (_, Some(k)) => call_text(&message.tool_calls[k]),
+                        (Some(piece), None) => piece.text(),
+                        (None, None) => player_text(
                             message,
                             &text[unit.span.clone()],
                             unit.span == (0..text.len()),
@@ -237,12 +257,14 @@ impl Players {
                         message: global,
                         span: unit.span,
                         piece: unit.piece,
+                        call: unit.call,
                     });
                 }
                 let mine = &players[first..];
                 blanks.extend(blanks_of(message, global, mine, media.fill));
-                let (texts, _): (Vec<usize>, Vec<usize>) =
-                    (first..players.len()).partition(|&i| players[i].piece.is_none());
+                let texts: Vec<usize> = (first..players.len())
+                    .filter(|&i| players[i].piece.is_none() && players[i].call.is_none())
+                    .collect();
                 let layout = texts
                     .first()
                     .zip(texts.last())
@@ -262,6 +284,9 @@ impl Players {
         let media_players = (0..players.len())
             .filter(|&i| players[i].piece.is_some())
             .collect();
+        let call_players = (0..players.len())
+            .filter(|&i| players[i].call.is_some())
+            .collect();
         Players {
             conversation: conversation.clone(),
             players,
@@ -269,6 +294,7 @@ impl Players {
             media: media.clone(),
             blanks,
             media_players,
+            call_players,
         }
     }
 
@@ -302,8 +328,37 @@ impl Players {
                 span: p.span.clone(),
                 id: p.id.clone(),
                 piece: p.piece.clone(),
+                call: p.call,
             })
             .collect()
+    }
+
+    /// The ids of the calls whose players are absent from `coalition`: each goes with the
+    /// `tool` message that answers it.
+    pub fn absent_calls(&self, coalition: &Coalition) -> Vec<&str> {
+        let messages: Vec<&Message> = self.conversation.messages().collect();
+        (self.call_players.iter())
+            .filter(|&&i| !coalition.contains(i))
+            .filter_map(|&i| {
+                let p = &self.players[i];
+                let call = messages[p.message].tool_calls.get(p.call?)?;
+                Some(call.id.as_str())
+            })
+            .collect()
+    }
+
+    /// Refuses tool call players where absent players are hidden (`absence = "hide"`): a call
+    /// has no span of text to hide.
+    pub fn check_hideable(&self) -> Result<(), ExplainError> {
+        match self.call_players.first() {
+            Some(&i) => Err(ExplainError::Players(format!(
+                "player {} is a tool call, which `absence = \"hide\"` cannot hide (it hides \
+                 spans of message text): use `absence = \"delete\"`, or leave assistant \
+                 messages out with `roles`",
+                self.players[i].id
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The text of message `message` (counted across turns).
@@ -498,6 +553,11 @@ fn player_text(message: &Message, text: &str, whole: bool, split: &[usize]) -> S
         }
     }
     shown.join(" ")
+}
+
+/// What a report shows for a tool call player: `get_weather({"city": "Paris"})`.
+fn call_text(call: &ToolCall) -> String {
+    format!("{}({})", call.name, call.arguments)
 }
 
 /// Byte ranges of the players in one message's text.

@@ -151,6 +151,7 @@ mod tests {
                     message: 0,
                     span: 0..0,
                     piece: None,
+                    call: None,
                 },
                 value,
                 std_error: Some(se),

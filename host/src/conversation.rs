@@ -320,9 +320,8 @@ pub fn parse_with_regions(
             let parts = match message.content {
                 None if message.tool_calls.is_empty() => {
                     return Err(invalid(format!(
-                        "message {} has no `content`; only an assistant message with \
-                         `tool_calls` may leave it out",
-                        m + 1
+                        "messages[{m}] has no `content`; only an assistant message with \
+                         `tool_calls` may leave it out"
                     )))
                 }
                 None => Vec::new(),
@@ -498,6 +497,86 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(expected), "{part}: {err}");
+        }
+    }
+
+    const TRACE: &str = r#"{"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "required": ["city"]}}}],
+        "messages": [
+            {"role": "user", "content": "Umbrella?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lyon"}}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "Rain."},
+            {"role": "tool", "tool_call_id": "b", "content": "Sun."},
+            {"role": "assistant", "content": "Take one to Paris."},
+            {"role": "user", "content": "Thanks"}
+        ]}"#;
+
+    #[test]
+    fn an_agent_trace_keeps_its_calls_in_the_turn_they_answer() {
+        let snapshot = parse_str(TRACE).unwrap();
+        // The tool's schema as written, keys in their order.
+        assert_eq!(
+            snapshot.tools[0].as_str(),
+            r#"{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "required": ["city"]}}}"#
+        );
+        let lengths: Vec<usize> = snapshot.turns.iter().map(|t| t.messages.len()).collect();
+        assert_eq!(
+            lengths,
+            [5, 1],
+            "the calls and answers stay in the first turn"
+        );
+        let calls = &snapshot.turns[0].messages[1].tool_calls;
+        // OpenAI's string and Transformers' object both become the object's text.
+        assert_eq!(calls[0].arguments.as_str(), r#"{"city": "Paris"}"#);
+        assert_eq!(calls[1].arguments.as_str(), r#"{"city": "Lyon"}"#);
+        assert!(snapshot.turns[0].messages[1].parts.is_empty());
+        assert_eq!(
+            snapshot.turns[0].messages[3]
+                .tool_call_id
+                .as_ref()
+                .map(|id| id.as_str()),
+            lmhost_plugin_api::abi_stable::std_types::ROption::RSome("b")
+        );
+    }
+
+    #[test]
+    fn a_broken_trace_is_refused_naming_the_message() {
+        let cases = [
+            (
+                TRACE.replace(r#""tool_call_id": "b""#, r#""tool_call_id": "z""#),
+                "messages[3]: the tool message answers call \"z\"",
+            ),
+            (
+                TRACE.replace(r#"{\"city\": \"Paris\"}"#, "Paris"),
+                "messages[1]: tool call \"a\" (get_weather): its arguments must be a JSON object",
+            ),
+            (
+                TRACE.replace(
+                    r#"{"role": "user", "content": "Umbrella?"}"#,
+                    r#"{"role": "user"}"#,
+                ),
+                "messages[0] has no `content`",
+            ),
+            (
+                TRACE.replace(
+                    r#""type": "function", "function": {"name": "get_weather", "arguments": {"#,
+                    r#""type": "method", "function": {"name": "get_weather", "arguments": {"#,
+                ),
+                "unknown variant `method`, expected `function`",
+            ),
+            (
+                TRACE.replace(
+                    r#"[{"type": "function", "function": {"name": "get_weather", "parameters""#,
+                    r#"["get_weather", {"function": {"name": "get_weather", "parameters""#,
+                ),
+                "tools[0] is not a JSON object",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = parse_str(&text).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err} should say {expected}");
+            assert!(err.contains("c.json"), "{err} names the file");
         }
     }
 }

@@ -754,3 +754,53 @@ fn tokenize_in_vllm_and_llama_cpp_shapes() {
         .unwrap()
         .contains("cannot detokenize"));
 }
+
+/// A chat request may carry an agent's trace: `tools`, an assistant message of `tool_calls`
+/// (content null) and `tool` messages. They reach the backend (the mock reads a call's name
+/// and arguments); a reply is the model's text, never parsed into calls. A trace whose answer
+/// names no call is refused naming `messages`.
+#[test]
+fn chat_requests_carry_tool_calls_and_answers() {
+    let server = TestServer::mock(0, |_| {});
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let trace = |answers: &str| {
+        json!([
+            {"role": "user", "content": "Umbrella?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": answers, "content": "Rain."}
+        ])
+    };
+    let tokens = post(
+        &server.url("/tokenize"),
+        &json!({"messages": trace("c1"), "tools": tools, "return_token_strs": true}).to_string(),
+    );
+    assert_eq!(tokens.status, 200, "{}", tokens.body);
+    let pieces = tokens.json()["token_strs"].to_string();
+    for word in ["get_weather", "Paris", "tool:", "Rain."] {
+        assert!(pieces.contains(word), "{word} missing from {pieces}");
+    }
+    let chat = post(
+        &server.url("/v1/chat/completions"),
+        &json!({"model": MODEL, "messages": trace("c1"), "tools": tools, "max_tokens": 4})
+            .to_string(),
+    );
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    let message = &chat.json()["choices"][0]["message"];
+    assert!(message["content"].is_string(), "{message}");
+    let orphan = post(
+        &server.url("/v1/chat/completions"),
+        &json!({"model": MODEL, "messages": trace("c9"), "max_tokens": 4}).to_string(),
+    );
+    assert_eq!(orphan.status, 400, "{}", orphan.body);
+    let error = &orphan.json()["error"];
+    assert_eq!(error["param"], "messages", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages[2]: the tool message answers call \"c9\""),
+        "{error}"
+    );
+}

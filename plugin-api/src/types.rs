@@ -425,7 +425,7 @@ fn json_object(text: &str) -> Result<serde_json::Map<String, serde_json::Value>,
 /// `tool` message answers, once, a call made before it.
 fn check_tool_calls<'a>(messages: impl Iterator<Item = &'a Message>) -> Result<(), PluginError> {
     let invalid =
-        |m: usize, what: String| Err(PluginError::invalid_input(format!("message {m}: {what}")));
+        |m: usize, what: String| Err(PluginError::invalid_input(format!("messages[{m}]: {what}")));
     // Per call id: the message that made it, and the one that answered it.
     let mut calls: std::collections::HashMap<&str, (usize, Option<usize>)> = Default::default();
     for (m, message) in messages.enumerate() {
@@ -455,7 +455,7 @@ fn check_tool_calls<'a>(messages: impl Iterator<Item = &'a Message>) -> Result<(
             if let Some((first, _)) = calls.insert(call.id.as_str(), (m, None)) {
                 return invalid(
                     m,
-                    format!("{what} reuses the id of a call in message {first}; ids are unique"),
+                    format!("{what} reuses the id of a call in messages[{first}]; ids are unique"),
                 );
             }
         }
@@ -475,7 +475,7 @@ fn check_tool_calls<'a>(messages: impl Iterator<Item = &'a Message>) -> Result<(
                     return invalid(
                         m,
                         format!(
-                            "call {:?} was already answered by message {answered}",
+                            "call {:?} was already answered by messages[{answered}]",
                             id.as_str()
                         ),
                     )

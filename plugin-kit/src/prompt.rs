@@ -316,4 +316,50 @@ mod tests {
             .unwrap();
         assert_eq!(plain.text, format!("user: {expected}\nassistant:"));
     }
+
+    /// A trace reaches the template in Transformers' shape: a message of calls alone has no
+    /// `content`, each call's arguments are an object, the answer names its call, and the
+    /// tools keep their keys' order.
+    #[test]
+    fn a_tool_trace_reaches_the_template_as_transformers_passes_it() {
+        use lmhost_plugin_api::abi_stable::std_types::ROption;
+        use lmhost_plugin_api::ToolCall;
+        let dump =
+            "{% for m in messages %}{{ m.role }}|{{ m.content is defined }}|{{ m.content }}|\
+                    {% if m.tool_calls is defined %}{{ m.tool_calls | tojson }}{% endif %}|\
+                    {{ m.tool_call_id }}\n{% endfor %}{{ tools | tojson }}";
+        let format = PromptFormat::Template(ChatTemplate::new(dump, "dump").unwrap());
+        let calls = vec![ToolCall {
+            id: "c1".into(),
+            name: "f".into(),
+            arguments: r#"{"z": 1, "a": [true]}"#.into(),
+        }];
+        let messages = vec![
+            Message::text(Role::User, "Go"),
+            Message {
+                tool_calls: calls.into(),
+                ..Message::new(Role::Assistant, vec![])
+            },
+            Message {
+                tool_call_id: ROption::RSome("c1".into()),
+                ..Message::text(Role::Tool, "done")
+            },
+        ];
+        let tools =
+            vec![r#"{"type": "function", "function": {"name": "f", "b": 1, "a": 2}}"#.into()];
+        let trace = ConversationSnapshot::with_tools(
+            vec![Turn {
+                messages: messages.into(),
+            }],
+            tools,
+        )
+        .unwrap();
+        assert_eq!(
+            format.render(&trace, "m").unwrap().text,
+            "user|True|Go||\n\
+             assistant|False||[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": {\"z\": 1, \"a\": [true]}}}]|\n\
+             tool|True|done||c1\n\
+             [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"b\": 1, \"a\": 2}}]"
+        );
+    }
 }

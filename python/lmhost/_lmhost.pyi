@@ -1,7 +1,7 @@
 from os import PathLike
 from typing import Any, Callable, Optional, Union
 
-Messages = Union[str, list[dict[str, Any]]]
+Messages = Union[str, list[dict[str, Any]], dict[str, Any]]
 
 class Host:
     """A backend opened from a config: a TOML file's path, or the same tables as a dict."""

@@ -322,8 +322,9 @@ impl Explanation {
     }
 }
 
-/// Messages in the OpenAI chat shape (or one string, a user message) as a conversation,
-/// refused with the conversation file's own messages.
+/// Messages in the OpenAI chat shape (or one string, a user message, or a conversation file's
+/// `{"messages": [...], "tools": [...]}`) as a conversation, refused with the conversation
+/// file's own messages.
 fn conversation(py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<ConversationSnapshot> {
     conversation_with_regions(py, messages).map(|(conversation, _)| conversation)
 }
@@ -337,8 +338,20 @@ fn conversation_with_regions(
         let prompt = ConversationSnapshot::from_prompt(messages.extract::<String>()?);
         return Ok((prompt, Vec::new()));
     }
-    let file = json!({ "messages": to_json(py, messages)? });
-    lmhost::conversation::parse_with_regions(&file.to_string(), Path::new("<messages>"))
+    // JSON text straight from Python's dicts, whose keys keep their order (a tool's schema
+    // renders in it).
+    let file = match messages.cast::<PyDict>() {
+        Ok(file) => file.clone(),
+        Err(_) => {
+            let file = PyDict::new(py);
+            file.set_item("messages", messages)?;
+            file
+        }
+    };
+    let text: String = (py.import("json")?)
+        .call_method1("dumps", (file,))?
+        .extract()?;
+    lmhost::conversation::parse_with_regions(&text, Path::new("<messages>"))
         .map_err(|e| raise(py, e))
 }
 

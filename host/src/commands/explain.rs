@@ -42,7 +42,7 @@ pub struct Args {
     #[arg(long, value_name = "KIND")]
     refine_to: Option<Granularity>,
 
-    /// Only messages of these roles hold players (comma-separated: system,user,assistant).
+    /// Only messages of these roles hold players (comma-separated: system,user,assistant,tool).
     #[arg(long, value_name = "ROLES", value_delimiter = ',', value_parser = parse_role)]
     roles: Option<Vec<Role>>,
 
@@ -186,9 +186,10 @@ fn parse_role(s: &str) -> std::result::Result<Role, String> {
         "system" => Ok(Role::System),
         "user" => Ok(Role::User),
         "assistant" => Ok(Role::Assistant),
+        "tool" => Ok(Role::Tool),
         "raw" => Ok(Role::Raw),
         _ => Err(format!(
-            "unknown role `{s}`; expected system, user, assistant or raw"
+            "unknown role `{s}`; expected system, user, assistant, tool or raw"
         )),
     }
 }

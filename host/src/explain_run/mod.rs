@@ -57,6 +57,9 @@ pub fn run(
     let hide = settings.absence == AbsenceKind::Hide;
     media::check_backend(&settings.player_spec().media, hide, conversation, &caps)?;
     let players = Players::split(conversation, &settings.player_spec())?;
+    if hide {
+        players.check_hideable()?;
+    }
     let plan = Plan::new(players.len(), &settings.estimator_settings())?;
     let store = options.run_dir.as_deref().map(RunStore::open).transpose()?;
 

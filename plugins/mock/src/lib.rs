@@ -349,6 +349,8 @@ struct Word {
 enum Source {
     /// A message's role marker.
     Marker,
+    /// A word of a tool call: its function's name or its arguments.
+    Call,
     /// Samples `start..end` of the message's audio clip `clip`.
     Sound(usize, std::ops::Range<usize>),
     /// Bytes of the message's text.
@@ -362,7 +364,7 @@ impl Word {
     fn hidden_by(&self, hidden: &Hidden<'_>) -> bool {
         let message = self.message as u32;
         match &self.from {
-            Source::Marker => false,
+            Source::Marker | Source::Call => false,
             Source::Text(r) => hidden.spans.iter().any(|s| {
                 s.message == message && (s.start as usize) < r.end && r.start < s.end as usize
             }),
@@ -420,6 +422,12 @@ fn placed_words(snapshot: &ConversationSnapshot) -> Vec<Word> {
                     clips += 1;
                 }
             }
+        }
+        // A call reads as its function's name and the words of its arguments.
+        for call in message.tool_calls.iter() {
+            let called = std::iter::once(call.name.as_str())
+                .chain(spans_of(&call.arguments).map(|(_, w)| w));
+            words.extend(called.map(|w| word(w.to_string(), Source::Call)));
         }
     }
     words

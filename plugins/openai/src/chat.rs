@@ -4,7 +4,8 @@
 
 use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{
-    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, PluginError, TokenDelta,
+    ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord, Message, PluginError,
+    TokenDelta,
 };
 
 use crate::flavor::Flavor;
@@ -18,13 +19,14 @@ pub fn request(
     snapshot: &ConversationSnapshot,
     config: &GenerationConfig,
 ) -> Value {
-    let messages: Vec<Value> = snapshot
-        .messages()
-        .map(|m| json!({"role": m.role.as_str(), "content": m.text_content()}))
-        .collect();
+    let messages: Vec<Value> = snapshot.messages().map(message).collect();
     let mut body = Map::new();
     body.insert("model".into(), json!(model));
     body.insert("messages".into(), Value::Array(messages));
+    if !snapshot.tools.is_empty() {
+        let tools = snapshot.tools.iter().map(|t| json_text(t)).collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
     body.insert("max_tokens".into(), json!(config.max_new_tokens));
     body.insert("temperature".into(), json!(config.temperature));
     body.insert("top_p".into(), json!(config.top_p));
@@ -48,6 +50,39 @@ pub fn request(
         body.insert("return_tokens_as_token_ids".into(), json!(true));
     }
     Value::Object(body)
+}
+
+/// A message in OpenAI's shape: its calls with their arguments as JSON text, a tool's answer
+/// with the id of its call, and no `content` for a message of calls alone.
+fn message(m: &Message) -> Value {
+    let mut out = Map::new();
+    out.insert("role".into(), json!(m.role.as_str()));
+    let calls_alone = m.parts.is_empty() && !m.tool_calls.is_empty();
+    let content = match calls_alone {
+        true => Value::Null,
+        false => json!(m.text_content()),
+    };
+    out.insert("content".into(), content);
+    if !m.tool_calls.is_empty() {
+        let calls = (m.tool_calls.iter())
+            .map(|c| {
+                json!({"id": c.id.as_str(), "type": "function",
+                       "function": {"name": c.name.as_str(), "arguments": c.arguments.as_str()}})
+            })
+            .collect();
+        out.insert("tool_calls".into(), Value::Array(calls));
+    }
+    if let Some(id) = m.tool_call_id.as_ref().into_option() {
+        out.insert("tool_call_id".into(), json!(id.as_str()));
+    }
+    Value::Object(out)
+}
+
+/// A tool as the JSON it holds (checked to be an object when the snapshot was made). Its keys
+/// reach the server sorted, as serde_json keeps them; the prompt lmhost scores itself renders
+/// them in their own order.
+fn json_text(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| json!(text))
 }
 
 pub fn record(answer: &Value, url: &str) -> Result<GenerationRecord, PluginError> {
