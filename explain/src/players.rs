@@ -556,7 +556,7 @@ fn player_text(message: &Message, text: &str, whole: bool, split: &[usize]) -> S
 }
 
 /// What a report shows for a tool call player: `get_weather({"city": "Paris"})`.
-fn call_text(call: &ToolCall) -> String {
+pub fn call_text(call: &ToolCall) -> String {
     format!("{}({})", call.name, call.arguments)
 }
 

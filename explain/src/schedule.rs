@@ -43,7 +43,8 @@ pub fn schedule(rendered: &[ConversationSnapshot], sort: bool) -> Schedule {
     }
 }
 
-/// The prompt as one string: each message's role and parts in order, with control characters
+/// The prompt as one string: each message's role, parts and tool calls in order (the tools
+/// are the same for every prompt of a run), with control characters
 /// marking the boundaries, so equal keys mean equal prompts and a shared key prefix means a
 /// shared prompt prefix. Text is kept as it is (its control characters `\u{0}`..`\u{5}`
 /// escaped, so no text reads as a boundary); audio is its
@@ -70,6 +71,18 @@ pub fn content_key(prompt: &ConversationSnapshot) -> String {
                     }
                 }
                 key.push('\u{2}');
+            }
+            // The calls follow the text, as templates write them after it.
+            for call in message.tool_calls.iter() {
+                key.push('\u{4}');
+                for field in [&call.id, &call.name, &call.arguments] {
+                    push_escaped(&mut key, field);
+                    key.push('\u{2}');
+                }
+            }
+            if let Some(id) = message.tool_call_id.as_ref().into_option() {
+                key.push('\u{4}');
+                push_escaped(&mut key, id);
             }
             key.push('\u{3}');
         }
@@ -193,5 +206,48 @@ mod tests {
         let sorted = schedule(&rendered, true);
         let unsorted = schedule(&rendered, false);
         assert!(shared_prefix_chars(&sorted.prompts) > shared_prefix_chars(&unsorted.prompts));
+    }
+
+    /// Prompts that differ only in a tool call, or in the call a tool message answers, are
+    /// different prompts.
+    #[test]
+    fn tool_calls_are_part_of_the_key() {
+        use lmhost_plugin_api::abi_stable::std_types::ROption;
+        use lmhost_plugin_api::{Message, Role, ToolCall, Turn};
+        let trace = |arguments: &str, answered: &str| {
+            let call = |id: &str| ToolCall {
+                id: id.into(),
+                name: "f".into(),
+                arguments: arguments.into(),
+            };
+            let messages = vec![
+                Message {
+                    tool_calls: vec![call("a"), call("b")].into(),
+                    ..Message::new(Role::Assistant, vec![])
+                },
+                Message {
+                    tool_call_id: ROption::RSome(answered.into()),
+                    ..Message::text(Role::Tool, "done")
+                },
+            ];
+            ConversationSnapshot::new(vec![Turn {
+                messages: messages.into(),
+            }])
+            .unwrap()
+        };
+        let keys = [
+            trace("{}", "a"),
+            trace(r#"{"x": 1}"#, "a"),
+            trace("{}", "b"),
+        ]
+        .map(|t| content_key(&t));
+        assert_ne!(keys[0], keys[1]);
+        assert_ne!(keys[0], keys[2]);
+        assert_eq!(
+            schedule(&[trace("{}", "a"), trace("{}", "a")], true)
+                .prompts
+                .len(),
+            1
+        );
     }
 }

@@ -66,6 +66,10 @@ pub fn prompt_key(prompt: &ConversationSnapshot) -> String {
     let mut hasher = HashWriter(Sha256::new());
     // Writing into a hasher cannot fail, and the turns always serialize.
     let _ = serde_json::to_writer(&mut hasher, &prompt.turns);
+    // The tools the model is told of change its answer; a prompt without them keeps its key.
+    if !prompt.tools.is_empty() {
+        let _ = serde_json::to_writer(&mut hasher, &prompt.tools);
+    }
     hasher
         .0
         .finalize()
@@ -330,6 +334,24 @@ mod tests {
             messages: RVec::from(vec![message]),
         }])
         .unwrap()
+    }
+
+    #[test]
+    fn the_tools_are_part_of_a_prompts_key() {
+        let turns = ConversationSnapshot::from_prompt("hi").turns.to_vec();
+        let with = |tools: Vec<&str>| {
+            let tools = tools.into_iter().map(Into::into).collect();
+            prompt_key(&ConversationSnapshot::with_tools(turns.clone(), tools).unwrap())
+        };
+        assert_eq!(
+            with(vec![]),
+            prompt_key(&ConversationSnapshot::from_prompt("hi"))
+        );
+        assert_ne!(with(vec![r#"{"name": "a"}"#]), with(vec![]));
+        assert_ne!(
+            with(vec![r#"{"name": "a"}"#]),
+            with(vec![r#"{"name": "b"}"#])
+        );
     }
 
     #[test]

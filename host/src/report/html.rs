@@ -11,6 +11,7 @@ use super::{interaction_ids, interactions_name, number, one_line, TOP_INTERACTIO
 use crate::config::ExplanationConfig;
 use crate::explain::Explanation;
 use crate::outcome::Outcome;
+use lmhost_plugin_api::Message;
 
 /// Escapes text for HTML content and attribute values.
 pub fn escape(text: &str) -> String {
@@ -50,6 +51,7 @@ h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
 .msg{border:1px solid #ddd;border-radius:.5rem;padding:.6rem .8rem;margin:.6rem 0}
 .role{font-size:.75rem;text-transform:uppercase;letter-spacing:.05em;color:#666;margin-bottom:.3rem}
 .text{white-space:pre-wrap;line-height:1.7}
+.call{font-family:ui-monospace,monospace;font-size:.85rem;margin-top:.3rem;white-space:pre-wrap}
 .p{border-radius:.25rem;padding:.05rem .1rem}
 .answer{background:#f5f5f7}
 .meta{color:#555;font-size:.9rem}
@@ -161,10 +163,12 @@ pub fn render(outcome: &Outcome) -> String {
         for (m, message) in turn.messages.iter().enumerate() {
             global += 1;
             let text = message.text_content();
+            let answers = message.tool_call_id.as_ref().into_option();
             let _ = write!(
                 h,
-                "<div class=\"msg\"><div class=\"role\">{}</div><div class=\"text\">",
-                message.role.as_str()
+                "<div class=\"msg\"><div class=\"role\">{}{}</div><div class=\"text\">",
+                message.role.as_str(),
+                answers.map_or(String::new(), |id| format!(" · answers {}", escape(id)))
             );
             match players.layout(t, m) {
                 None => h.push_str(&escape(&text)),
@@ -172,17 +176,7 @@ pub fn render(outcome: &Outcome) -> String {
                     let mut at = 0;
                     for (player, span) in &layout.players {
                         h.push_str(&escape(&text[at..span.start]));
-                        let a = &e.attributions[*player];
-                        let _ = write!(
-                            h,
-                            "<span class=\"p\" data-p=\"{player}\" style=\"background:{}\" \
-                             title=\"{} · {} · rank {}\">{}</span>",
-                            shade(a.value, max),
-                            escape(&a.player.id),
-                            number(a.value),
-                            a.rank,
-                            escape(&text[span.clone()])
-                        );
+                        player_span(&mut h, e, *player, &text[span.clone()], max);
                         at = span.end;
                     }
                     h.push_str(&escape(&text[at..]));
@@ -190,6 +184,7 @@ pub fn render(outcome: &Outcome) -> String {
             }
             h.push_str("</div>");
             super::media::draw(&mut h, players, e, global - 1, message);
+            calls(&mut h, e, global - 1, message, max);
             h.push_str("</div>\n");
         }
     }
@@ -252,6 +247,37 @@ pub fn render(outcome: &Outcome) -> String {
     );
     h.push_str("</body></html>\n");
     h
+}
+
+/// Player `player`'s `text`, shaded by its value, with its id, value and rank on hover.
+fn player_span(h: &mut String, e: &Explanation, player: usize, text: &str, max: f64) {
+    let a = &e.attributions[player];
+    let _ = write!(
+        h,
+        "<span class=\"p\" data-p=\"{player}\" style=\"background:{}\" \
+         title=\"{} · {} · rank {}\">{}</span>",
+        shade(a.value, max),
+        escape(&a.player.id),
+        number(a.value),
+        a.rank,
+        escape(text)
+    );
+}
+
+/// The tool calls of message `global`, one a line with its id, each shaded where it is a
+/// player.
+fn calls(h: &mut String, e: &Explanation, global: usize, message: &Message, max: f64) {
+    for (k, call) in message.tool_calls.iter().enumerate() {
+        let text = crate::explain::players::call_text(call);
+        let _ = write!(h, "<div class=\"call\">{} → ", escape(&call.id));
+        let player = (e.attributions.iter())
+            .position(|a| a.player.message == global && a.player.call == Some(k));
+        match player {
+            Some(player) => player_span(h, e, player, &text, max),
+            None => h.push_str(&escape(&text)),
+        }
+        h.push_str("</div>");
+    }
 }
 
 /// One row per player, each with a bar scaled to the largest |value|.
