@@ -104,6 +104,26 @@ def test_interactions_are_a_keyword_argument_and_match_the_command_line(tmp_path
     assert lmhost.Host(str(config)).explain(MESSAGES).interactions is None
 
 
+def test_an_agent_trace_is_explained_as_the_command_line_explains_its_file(tmp_path):
+    config = tmp_path / "mock.toml"
+    config.write_text('[backend]\nkind = "mock"\nmodel_id = "mock-model"\n')
+    trace = json.loads((ROOT / "examples" / "agent.json").read_text())
+    ex = lmhost.Host(str(config)).explain(trace)
+    report = tmp_path / "report.json"
+    subprocess.run(
+        [CLI, "--quiet", "explain", "--config", config, "--conversation", ROOT / "examples" / "agent.json",
+         "--json", report],
+        check=True,
+        capture_output=True,
+    )
+    report = json.loads(report.read_text())
+    assert [p["id"] for p in ex.players][2:4] == ["m2.call0", "m2.call1"]
+    assert ex.values == pytest.approx([a["value"] for a in report["players"]], abs=1e-9)
+    broken = dict(trace, messages=trace["messages"][:3] + [dict(trace["messages"][3], tool_call_id="nope")])
+    with pytest.raises(lmhost.InvalidInputError, match=r"messages\[3\]: the tool message answers call \"nope\""):
+        lmhost.Host(str(config)).explain(broken)
+
+
 def test_sampling_settings_are_keyword_arguments():
     ex = mock().explain(MESSAGES, players="words", estimator="kernel", budget=64, seed=3)
     assert len(ex.values) == len(ex.players) > 3
