@@ -83,7 +83,7 @@ def render_all(template_dir, fixture):
             results.append({**case, **outcome(lambda: template.render(
                 messages=conversation["messages"],
                 tools=conversation.get("tools"),
-                documents=None,
+                documents=conversation.get("documents"),
                 add_generation_prompt=conversation["add_generation_prompt"],
                 bos_token=fixture["bos_token"],
                 eos_token=fixture["eos_token"],

@@ -3,7 +3,7 @@
 use lmhost_plugin_api::abi_stable::std_types::{ROption, RVec};
 use lmhost_plugin_api::{
     Audio, BackendStats, ConversationSnapshot, FinishReason, GenerationConfig, GenerationRecord,
-    Image, Message, Part, Role, ScoreRecord, ToolCall, Turn,
+    Grounding, Image, Message, Part, Role, ScoreRecord, ToolCall, Turn,
 };
 
 fn conversation() -> ConversationSnapshot {
@@ -183,11 +183,14 @@ fn trace(calls: Vec<ToolCall>, answers: Vec<(&str, &str)>) -> Result<Conversatio
         ..Message::text(Role::Tool, text)
     }));
     let tools = vec![r#"{"type": "function", "function": {"name": "get_weather"}}"#.into()];
-    ConversationSnapshot::with_tools(
+    ConversationSnapshot::grounded(
         vec![Turn {
             messages: messages.into(),
         }],
-        tools,
+        Grounding {
+            tools,
+            ..Grounding::default()
+        },
     )
     .map_err(|e| e.message.into_string())
 }
@@ -249,6 +252,60 @@ fn mismatched_tool_calls_are_refused_naming_the_message() {
     .unwrap_err();
     assert!(
         err.message.contains("only assistant messages call tools"),
+        "{err}"
+    );
+}
+
+#[test]
+fn documents_need_a_text_and_are_no_message() {
+    let turn = || Turn {
+        messages: vec![Message::text(Role::User, "Open?")].into(),
+    };
+    let with = |documents: Vec<&str>| {
+        let documents = documents.into_iter().map(Into::into).collect();
+        ConversationSnapshot::grounded(
+            vec![turn()],
+            Grounding {
+                documents,
+                ..Grounding::default()
+            },
+        )
+        .map_err(|e| e.message.into_string())
+    };
+    let grounded = with(vec![r#"{"title": "Hours", "text": "Nine."}"#]).unwrap();
+    let json = serde_json::to_string(&grounded).unwrap();
+    assert!(
+        json.contains(r#""documents":[{"title": "Hours", "text": "Nine."}]"#),
+        "{json}"
+    );
+    assert_eq!(
+        serde_json::from_str::<ConversationSnapshot>(&json).unwrap(),
+        grounded
+    );
+    assert_ne!(
+        grounded.snapshot_id,
+        ConversationSnapshot::new(vec![turn()]).unwrap().snapshot_id
+    );
+    for (documents, says) in [
+        (
+            vec![r#"{"title": "Hours"}"#],
+            "documents[0] is not a JSON object with a string `text`: it has no `text`",
+        ),
+        (
+            vec![r#"{"text": "a"}"#, r#"{"text": 9}"#],
+            "documents[1] is not a JSON object with a string `text`: its `text` is 9",
+        ),
+        (vec!["[]"], "documents[0] is not a JSON object"),
+    ] {
+        let err = with(documents).unwrap_err();
+        assert!(err.contains(says), "{err}");
+    }
+    let err = ConversationSnapshot::new(vec![Turn {
+        messages: vec![Message::text(Role::Document, "Nine.")].into(),
+    }])
+    .unwrap_err();
+    assert!(
+        err.message.contains("`document` is not a message's role"),
         "{err}"
     );
 }

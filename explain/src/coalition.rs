@@ -3,7 +3,11 @@
 
 use std::fmt;
 
-use lmhost_plugin_api::{Audio, ConversationSnapshot, Image, Message, Part, Role, Turn};
+use lmhost_plugin_api::abi_stable::std_types::RString;
+use lmhost_plugin_api::{
+    document_text, document_with_text, Audio, ConversationSnapshot, Grounding, Image, Message,
+    Part, Role, Turn,
+};
 
 use super::media::{self, Piece};
 use super::players::Players;
@@ -117,9 +121,35 @@ pub fn render(players: &Players, coalition: &Coalition, absence: &Absence) -> Co
             messages: vec![Message::text(role, "")].into(),
         });
     }
-    let tools = players.conversation().tools.to_vec();
-    ConversationSnapshot::with_tools(turns, tools)
+    let conversation = players.conversation();
+    let grounding = Grounding {
+        tools: conversation.tools.to_vec(),
+        documents: documents(players, coalition, absence),
+    };
+    ConversationSnapshot::grounded(turns, grounding)
         .expect("rendered turns are never empty, and keep each answer with its call")
+}
+
+/// The conversation's documents under `coalition`: an absent one is left out (`Delete`,
+/// `Hide`) or keeps its place with its `text` stood in for (`Pad`, `Neutral`).
+fn documents(players: &Players, coalition: &Coalition, absence: &Absence) -> Vec<RString> {
+    let absent = players.absent_documents(coalition);
+    let all = players.conversation().documents.iter().enumerate();
+    all.filter_map(|(k, document)| {
+        if !absent.contains(&k) {
+            return Some(document.clone());
+        }
+        match absence {
+            Absence::Delete | Absence::Hide => None,
+            Absence::Pad { .. } | Absence::Neutral { .. } => {
+                let text = document_text(document).unwrap_or_default();
+                let mut stood_in = String::new();
+                stand_in(absence, &text, &mut stood_in);
+                Some(document_with_text(document, &stood_in).into())
+            }
+        }
+    })
+    .collect()
 }
 
 /// Message `message` (number `m` of turn `t`, `global` across turns) under `coalition`, its
@@ -540,11 +570,14 @@ mod tests {
             Message::text(Role::User, "So?"),
         ];
         let tools = vec![r#"{"type": "function"}"#.into()];
-        ConversationSnapshot::with_tools(
+        ConversationSnapshot::grounded(
             vec![Turn {
                 messages: messages.into(),
             }],
-            tools,
+            Grounding {
+                tools,
+                ..Grounding::default()
+            },
         )
         .unwrap()
     }
@@ -625,5 +658,78 @@ mod tests {
         let results = Players::split(&trace(), &spec).unwrap();
         assert_eq!(results.len(), 2, "`roles = [\"tool\"]` selects the answers");
         results.check_hideable().unwrap();
+    }
+
+    /// A question over two retrieved documents.
+    fn retrieval() -> ConversationSnapshot {
+        let documents = vec![
+            r#"{"doc_id": "a", "text": "Opens at 9 am.", "title": "Notice"}"#.into(),
+            r#"{"text": "Closed on Mondays."}"#.into(),
+        ];
+        let turn = Turn {
+            messages: vec![Message::text(Role::User, "When does it open?")].into(),
+        };
+        ConversationSnapshot::grounded(
+            vec![turn],
+            Grounding {
+                documents,
+                ..Grounding::default()
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_document_is_a_player_that_goes_or_is_stood_in_for() {
+        let p = Players::split(&retrieval(), &PlayerSpec::default()).unwrap();
+        let ids: Vec<(&str, &str)> = (p.players().iter())
+            .map(|p| (p.id.as_str(), p.text.as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("d0", "Opens at 9 am."),
+                ("d1", "Closed on Mondays."),
+                ("m0", "When does it open?")
+            ]
+        );
+        let without_first = Coalition::from_members(3, [1, 2]);
+        let deleted = render(&p, &without_first, &Absence::Delete);
+        assert_eq!(deleted.documents.as_slice(), &retrieval().documents[1..]);
+        let padded = render(&p, &without_first, &Absence::pad("_"));
+        // The other fields stay as written, in their order.
+        assert_eq!(
+            padded.documents[0].as_str(),
+            r#"{"doc_id": "a", "text": "_", "title": "Notice"}"#
+        );
+        let neutral = render(&p, &without_first, &Absence::Neutral { fill: '_' });
+        assert_eq!(
+            lmhost_plugin_api::document_text(&neutral.documents[0]).unwrap(),
+            "______________"
+        );
+        assert_eq!(
+            render(&p, &Coalition::full(3), &Absence::Delete),
+            retrieval()
+        );
+        let err = p.check_hideable().unwrap_err().to_string();
+        assert!(err.contains("player d0 is a document"), "{err}");
+    }
+
+    #[test]
+    fn documents_are_chosen_by_role_and_left_out_by_a_turn_filter() {
+        let only = |spec: PlayerSpec| -> Vec<String> {
+            let p = Players::split(&retrieval(), &spec).unwrap();
+            p.players().iter().map(|p| p.id.clone()).collect()
+        };
+        let documents = PlayerSpec {
+            roles: vec![Role::Document],
+            ..PlayerSpec::default()
+        };
+        assert_eq!(only(documents), ["d0", "d1"]);
+        let last_turn = PlayerSpec {
+            turns: vec![-1],
+            ..PlayerSpec::default()
+        };
+        assert_eq!(only(last_turn), ["m0"]);
     }
 }

@@ -57,6 +57,7 @@ pub fn parts(text: &str, unit: &Unit, floor: Granularity) -> Vec<Unit> {
                 id,
                 piece: None,
                 call: None,
+                document: false,
             }
         })
         .collect()
@@ -99,11 +100,15 @@ pub fn refine(
     ))
 }
 
-/// The parts of `unit` with media in: a whole message's are its text's parts (or its text
+/// The parts of `unit` with media in (none for a document or a tool call): a whole message's are its text's parts (or its text
 /// whole, where that cannot split) and its split media, each whole; a whole image's are its
 /// regions and a whole clip's its segments (straight away where it is its message's only
 /// part); a region's or segment's none.
 fn media_parts(players: &Players, unit: &Unit, floor: Granularity) -> Vec<Unit> {
+    // A document or a tool call is a player whole.
+    if unit.document || unit.call.is_some() {
+        return Vec::new();
+    }
     let text = players.message_text(unit.message);
     let Some(message) = players.conversation().messages().nth(unit.message) else {
         return Vec::new();
@@ -120,6 +125,7 @@ fn media_parts(players: &Players, unit: &Unit, floor: Granularity) -> Vec<Unit> 
                 id,
                 piece: Some(piece),
                 call: None,
+                document: false,
             })
             .collect()
     };
@@ -161,6 +167,7 @@ mod tests {
             id: "m2".into(),
             piece: None,
             call: None,
+            document: false,
         };
         (text.to_string(), unit)
     }

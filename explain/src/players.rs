@@ -30,14 +30,16 @@ pub struct PlayerSpec {
 
 /// One player: a stable id (`m2` a message, `m2.s0` a sentence, `m2.w5` a word, `m2.i0.r5` a
 /// region of the message's first image, `m1.a3` a segment of its audio, `m3.call0` the
-/// message's first tool call; `m` counts messages across turns from 0) and its text.
+/// message's first tool call; `m` counts messages across turns from 0; `d1` the second of the
+/// conversation's documents) and its text.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Player {
     pub id: String,
     pub text: String,
     pub role: Role,
     pub turn: usize,
-    /// Index of the message across the whole conversation.
+    /// Index of the message across the whole conversation; of a document (role `document`),
+    /// its index among the documents.
     pub message: usize,
     /// Byte range of `text` inside the message's text (empty for a media player).
     #[serde(skip)]
@@ -51,7 +53,8 @@ pub struct Player {
 }
 
 /// Where a player lies: a byte span of one message's text (`message` counts messages across
-/// turns), a piece of one of its media parts or one of its tool calls, and its id.
+/// turns), a piece of one of its media parts or one of its tool calls; or a whole document
+/// (`document`, `message` counting documents); and its id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unit {
     pub message: usize,
@@ -59,6 +62,7 @@ pub struct Unit {
     pub id: String,
     pub piece: Option<Piece>,
     pub call: Option<usize>,
+    pub document: bool,
 }
 
 /// Where a message's players lie in its text: before, between and after them is fixed text.
@@ -142,7 +146,20 @@ impl Players {
             }
             chosen_turns.push(index as usize);
         }
-        let mut units = Vec::new();
+        // Documents belong to no turn: a turn filter leaves them out.
+        let documents = spec.turns.is_empty()
+            && (spec.roles.is_empty() || spec.roles.contains(&Role::Document));
+        let mut units: Vec<Unit> = (0..conversation.documents.len())
+            .filter(|_| documents)
+            .map(|k| Unit {
+                message: k,
+                span: 0..0,
+                id: format!("d{k}"),
+                piece: None,
+                call: None,
+                document: true,
+            })
+            .collect();
         let mut global = 0;
         for (t, turn) in conversation.turns.iter().enumerate() {
             for message in turn.messages.iter() {
@@ -183,6 +200,7 @@ impl Players {
                             id,
                             piece: None,
                             call: None,
+                            document: false,
                         });
                     }
                     units.extend(pieces.into_iter().map(|(id, piece)| Unit {
@@ -191,6 +209,7 @@ impl Players {
                         id,
                         piece: Some(piece),
                         call: None,
+                        document: false,
                     }));
                     units.extend((0..message.tool_calls.len()).map(|k| Unit {
                         message: global,
@@ -198,6 +217,7 @@ impl Players {
                         id: format!("m{global}.call{k}"),
                         piece: None,
                         call: Some(k),
+                        document: false,
                     }));
                 }
                 global += 1;
@@ -213,9 +233,9 @@ impl Players {
         Ok(Players::of_units(conversation, units, &spec.media))
     }
 
-    /// Players made of `units` (disjoint, in conversation order: within a message its text
-    /// players, then its media players, then its tool calls); the rest of the conversation
-    /// stays. Absent image regions are painted with `media.fill`.
+    /// Players made of `units` (disjoint, in conversation order: documents first, then within
+    /// a message its text players, its media players and its tool calls); the rest of the
+    /// conversation stays. Absent image regions are painted with `media.fill`.
     pub fn of_units(
         conversation: &ConversationSnapshot,
         units: Vec<Unit>,
@@ -226,6 +246,21 @@ impl Players {
         let mut blanks = Vec::new();
         let mut global = 0;
         let mut units = units.into_iter().peekable();
+        while let Some(unit) = units.next_if(|u| u.document) {
+            let text = (conversation.documents.get(unit.message))
+                .and_then(|d| lmhost_plugin_api::document_text(d).ok())
+                .unwrap_or_default();
+            players.push(Player {
+                span: 0..text.len(),
+                text,
+                id: unit.id,
+                role: Role::Document,
+                turn: 0,
+                message: unit.message,
+                piece: None,
+                call: None,
+            });
+        }
         for (t, turn) in conversation.turns.iter().enumerate() {
             let mut turn_layouts = Vec::new();
             for message in turn.messages.iter() {
@@ -329,7 +364,16 @@ impl Players {
                 id: p.id.clone(),
                 piece: p.piece.clone(),
                 call: p.call,
+                document: p.role == Role::Document,
             })
+            .collect()
+    }
+
+    /// The indices of the documents whose players are absent from `coalition`.
+    pub fn absent_documents(&self, coalition: &Coalition) -> Vec<usize> {
+        (self.players.iter().enumerate())
+            .filter(|(i, p)| p.role == Role::Document && !coalition.contains(*i))
+            .map(|(_, p)| p.message)
             .collect()
     }
 
@@ -347,15 +391,25 @@ impl Players {
             .collect()
     }
 
-    /// Refuses tool call players where absent players are hidden (`absence = "hide"`): a call
-    /// has no span of text to hide.
+    /// Refuses tool call and document players where absent players are hidden (`absence =
+    /// "hide"`): it hides spans of message text, and they have none.
     pub fn check_hideable(&self) -> Result<(), ExplainError> {
-        match self.call_players.first() {
-            Some(&i) => Err(ExplainError::Players(format!(
-                "player {} is a tool call, which `absence = \"hide\"` cannot hide (it hides \
-                 spans of message text): use `absence = \"delete\"`, or leave assistant \
-                 messages out with `roles`",
-                self.players[i].id
+        let whole = (self.players.iter()).find(|p| p.call.is_some() || p.role == Role::Document);
+        match whole {
+            Some(p) => Err(ExplainError::Players(format!(
+                "player {} is a {}, which `absence = \"hide\"` cannot hide (it hides spans of \
+                 message text): use `absence = \"delete\"`, or leave {} out with `roles`",
+                p.id,
+                if p.call.is_some() {
+                    "tool call"
+                } else {
+                    "document"
+                },
+                if p.call.is_some() {
+                    "assistant messages"
+                } else {
+                    "documents"
+                },
             ))),
             None => Ok(()),
         }

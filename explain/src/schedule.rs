@@ -43,8 +43,8 @@ pub fn schedule(rendered: &[ConversationSnapshot], sort: bool) -> Schedule {
     }
 }
 
-/// The prompt as one string: each message's role, parts and tool calls in order (the tools
-/// are the same for every prompt of a run), with control characters
+/// The prompt as one string: its documents, then each message's role, parts and tool calls in
+/// order (the tools are the same for every prompt of a run), with control characters
 /// marking the boundaries, so equal keys mean equal prompts and a shared key prefix means a
 /// shared prompt prefix. Text is kept as it is (its control characters `\u{0}`..`\u{5}`
 /// escaped, so no text reads as a boundary); audio is its
@@ -53,6 +53,13 @@ pub fn schedule(rendered: &[ConversationSnapshot], sort: bool) -> Schedule {
 /// a few dozen characters, not its samples or pixels.
 pub fn content_key(prompt: &ConversationSnapshot) -> String {
     let mut key = String::new();
+    // Templates give the documents first; each coalition keeps its own.
+    for document in prompt.documents.iter() {
+        key.push('\u{4}');
+        push_escaped(&mut key, document);
+        key.push('\u{2}');
+    }
+    key.push('\u{5}');
     for turn in prompt.turns.iter() {
         for message in turn.messages.iter() {
             key.push_str(message.role.as_str());
@@ -249,5 +256,26 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    /// Coalitions that keep different documents are different prompts.
+    #[test]
+    fn documents_are_part_of_the_key() {
+        use lmhost_plugin_api::{Grounding, Message, Role, Turn};
+        let with = |documents: Vec<&str>| {
+            let turn = Turn {
+                messages: vec![Message::text(Role::User, "q")].into(),
+            };
+            let documents = documents.into_iter().map(Into::into).collect();
+            let grounding = Grounding {
+                documents,
+                ..Grounding::default()
+            };
+            content_key(&ConversationSnapshot::grounded(vec![turn], grounding).unwrap())
+        };
+        let (a, b) = (r#"{"text": "a"}"#, r#"{"text": "b"}"#);
+        assert_ne!(with(vec![a, b]), with(vec![a]));
+        assert_ne!(with(vec![a]), with(vec![b]));
+        assert_ne!(with(vec![]), with(vec![a]));
     }
 }

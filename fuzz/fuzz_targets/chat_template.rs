@@ -19,5 +19,5 @@ fuzz_target!(|data: &[u8]| {
     let messages: Vec<ChatMessage> = (rest.split('\u{1}').enumerate())
         .map(|(i, content)| ChatMessage::new(roles[i % roles.len()], content))
         .collect();
-    let _ = template.render_unsandboxed(&messages, &[], true);
+    let _ = template.render_unsandboxed(&messages, &[], &[], true);
 });

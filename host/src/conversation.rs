@@ -27,7 +27,8 @@
 //! ```
 //!
 //! Agent traces take OpenAI's shape: `tools` beside `messages`, assistant messages with
-//! `tool_calls` (whose `content` may be null or left out), and `tool` messages answering them:
+//! `tool_calls` (whose `content` may be null or left out), and `tool` messages answering them;
+//! retrieval gives `documents` (objects with a string `text`, as Transformers takes them):
 //! ```json
 //! {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {...}}}],
 //!  "messages": [
@@ -41,7 +42,7 @@
 use std::path::Path;
 
 use lmhost_plugin_api::abi_stable::std_types::{RString, RVec};
-use lmhost_plugin_api::{ConversationSnapshot, Message, Part, Role, ToolCall, Turn};
+use lmhost_plugin_api::{ConversationSnapshot, Grounding, Message, Part, Role, ToolCall, Turn};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -55,6 +56,8 @@ struct ConversationFile {
     messages: Vec<FileMessage>,
     #[serde(default)]
     tools: Vec<Box<RawValue>>,
+    #[serde(default)]
+    documents: Vec<Box<RawValue>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,9 +130,9 @@ pub(crate) fn tool_message(
     }
 }
 
-/// The tools as the snapshot holds them: each one's JSON text.
-pub(crate) fn tool_texts(tools: &[Box<RawValue>]) -> Vec<RString> {
-    tools.iter().map(|t| RString::from(t.get())).collect()
+/// Tools or documents as the snapshot holds them: each one's JSON text, as written.
+pub(crate) fn json_texts(values: &[Box<RawValue>]) -> Vec<RString> {
+    values.iter().map(|t| RString::from(t.get())).collect()
 }
 
 #[derive(Debug)]
@@ -346,8 +349,11 @@ pub fn parse_with_regions(
             Ok(tool_message(message.role, parts, calls, id))
         })
         .collect::<Result<Vec<_>>>()?;
-    let tools = tool_texts(&file.tools);
-    let conversation = ConversationSnapshot::with_tools(group_turns(messages), tools)
+    let grounding = Grounding {
+        tools: json_texts(&file.tools),
+        documents: json_texts(&file.documents),
+    };
+    let conversation = ConversationSnapshot::grounded(group_turns(messages), grounding)
         .map_err(|e| invalid(e.message.into_string()))?;
     Ok((conversation, regions))
 }

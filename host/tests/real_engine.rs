@@ -184,7 +184,7 @@ fn the_openai_backend_against_llama_cpp_python() {
             ChatMessage::new("system", "You answer in one short sentence."),
             ChatMessage::new("user", user),
         ];
-        let prompt = template.render(&messages, &[], true).unwrap();
+        let prompt = template.render(&messages, &[], &[], true).unwrap();
         let (head, whole) = (ids(&prompt), ids(&format!("{prompt}{reply}")));
         assert_eq!(scored.token_ids.as_slice(), &whole[head.len()..], "{user}");
         assert_eq!(

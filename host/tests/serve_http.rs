@@ -756,11 +756,11 @@ fn tokenize_in_vllm_and_llama_cpp_shapes() {
 }
 
 /// A chat request may carry an agent's trace: `tools`, an assistant message of `tool_calls`
-/// (content null) and `tool` messages. They reach the backend (the mock reads a call's name
+/// (content null) and `tool` messages; and vLLM's `documents`. They reach the backend (the mock reads a call's name
 /// and arguments); a reply is the model's text, never parsed into calls. A trace whose answer
 /// names no call is refused naming `messages`.
 #[test]
-fn chat_requests_carry_tool_calls_and_answers() {
+fn chat_requests_carry_tool_calls_answers_and_documents() {
     let server = TestServer::mock(0, |_| {});
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
@@ -789,6 +789,25 @@ fn chat_requests_carry_tool_calls_and_answers() {
     assert_eq!(chat.status, 200, "{}", chat.body);
     let message = &chat.json()["choices"][0]["message"];
     assert!(message["content"].is_string(), "{message}");
+    // vLLM's `documents` reach the backend too.
+    let grounded = post(
+        &server.url("/tokenize"),
+        &json!({"messages": [{"role": "user", "content": "Open?"}],
+                "documents": [{"title": "Hours", "text": "Opens at nine."}],
+                "return_token_strs": true})
+        .to_string(),
+    );
+    assert_eq!(grounded.status, 200, "{}", grounded.body);
+    assert!(grounded.json()["token_strs"].to_string().contains("nine."));
+    let untexted = post(
+        &server.url("/tokenize"),
+        &json!({"messages": [{"role": "user", "content": "Open?"}], "documents": [{"title": "Hours"}]})
+            .to_string(),
+    );
+    assert_eq!(untexted.status, 400, "{}", untexted.body);
+    assert!(untexted
+        .body
+        .contains("documents[0] is not a JSON object with a string `text`"));
     let orphan = post(
         &server.url("/v1/chat/completions"),
         &json!({"model": MODEL, "messages": trace("c9"), "max_tokens": 4}).to_string(),

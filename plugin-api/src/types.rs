@@ -24,6 +24,9 @@ pub enum Role {
     Raw,
     /// A tool's result, answering an assistant message's call (`Message::tool_call_id`).
     Tool,
+    /// A document given to the model (`ConversationSnapshot::documents`), as explain's players
+    /// name it; no message has this role.
+    Document,
 }
 
 impl Role {
@@ -35,6 +38,7 @@ impl Role {
             Role::Assistant => "assistant",
             Role::Raw => "raw",
             Role::Tool => "tool",
+            Role::Document => "document",
         }
     }
 }
@@ -259,6 +263,15 @@ pub struct ConversationSnapshot {
         serialize_with = "json_texts::serialize"
     )]
     pub tools: RVec<RString>,
+    /// The documents the model is given to ground its answer (the chat template's
+    /// `documents`, as Transformers passes them): each the text of a JSON object with a string
+    /// `text` (and what else the template reads: `title`, `doc_id`, ...).
+    #[serde(
+        default,
+        skip_serializing_if = "RVec::is_empty",
+        serialize_with = "json_texts::serialize"
+    )]
+    pub documents: RVec<RString>,
 }
 
 /// The serde shape of a snapshot; the id is recomputed, and checked when given.
@@ -270,14 +283,22 @@ struct SnapshotWire {
     snapshot_id: Option<String>,
     #[serde(default)]
     tools: Vec<Box<serde_json::value::RawValue>>,
+    #[serde(default)]
+    documents: Vec<Box<serde_json::value::RawValue>>,
 }
 
 impl TryFrom<SnapshotWire> for ConversationSnapshot {
     type Error = PluginError;
 
     fn try_from(wire: SnapshotWire) -> Result<Self, PluginError> {
-        let tools = wire.tools.iter().map(|t| RString::from(t.get())).collect();
-        let snapshot = ConversationSnapshot::with_tools(wire.turns, tools)?;
+        let texts = |raw: &[Box<serde_json::value::RawValue>]| -> Vec<RString> {
+            raw.iter().map(|t| RString::from(t.get())).collect()
+        };
+        let grounding = Grounding {
+            tools: texts(&wire.tools),
+            documents: texts(&wire.documents),
+        };
+        let snapshot = ConversationSnapshot::grounded(wire.turns, grounding)?;
         match wire.snapshot_id {
             Some(id) if id != snapshot.snapshot_id.as_str() => {
                 Err(PluginError::invalid_input(format!(
@@ -307,17 +328,26 @@ mod json_texts {
     }
 }
 
+/// What a conversation gives the model beside its messages: tools it may call and documents
+/// to ground its answer, each the text of a JSON object.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Grounding {
+    pub tools: Vec<RString>,
+    pub documents: Vec<RString>,
+}
+
 impl ConversationSnapshot {
-    /// Builds a snapshot with no tools: [`ConversationSnapshot::with_tools`].
+    /// Builds a snapshot with no tools or documents: [`ConversationSnapshot::grounded`].
     pub fn new(turns: Vec<Turn>) -> Result<Self, PluginError> {
-        Self::with_tools(turns, Vec::new())
+        Self::grounded(turns, Grounding::default())
     }
 
     /// Builds a snapshot, refusing an empty conversation, an empty turn, raw text mixed with
     /// chat messages (a template cannot render one, and raw text has no roles), a tool that is
-    /// not a JSON object, and a tool call and its answers that do not match
-    /// ([`check_tool_calls`]).
-    pub fn with_tools(turns: Vec<Turn>, tools: Vec<RString>) -> Result<Self, PluginError> {
+    /// not a JSON object, a document that is not one with a string `text`, and a tool call and
+    /// its answers that do not match ([`check_tool_calls`]).
+    pub fn grounded(turns: Vec<Turn>, grounding: Grounding) -> Result<Self, PluginError> {
+        let Grounding { tools, documents } = grounding;
         if turns.is_empty() {
             return Err(PluginError::invalid_input(
                 "a conversation needs at least one turn",
@@ -336,10 +366,10 @@ impl ConversationSnapshot {
                  a conversation is either all `raw` (no chat template) or all chat messages",
             ));
         }
-        if raw > 0 && !tools.is_empty() {
+        if raw > 0 && !(tools.is_empty() && documents.is_empty()) {
             return Err(PluginError::invalid_input(
-                "raw text has no chat template to tell the model of tools; drop `tools` or \
-                 send chat messages",
+                "raw text has no chat template to give the model tools or documents; drop \
+                 them or send chat messages",
             ));
         }
         for (k, tool) in tools.iter().enumerate() {
@@ -347,14 +377,28 @@ impl ConversationSnapshot {
                 PluginError::invalid_input(format!("tools[{k}] is not a JSON object: {e}"))
             })?;
         }
+        for (k, document) in documents.iter().enumerate() {
+            document_text(document).map_err(|e| {
+                PluginError::invalid_input(format!(
+                    "documents[{k}] is not a JSON object with a string `text`: {e}"
+                ))
+            })?;
+        }
+        if messages.clone().any(|m| m.role == Role::Document) {
+            return Err(PluginError::invalid_input(
+                "`document` is not a message's role: give documents in the conversation's \
+                 `documents`",
+            ));
+        }
         check_tool_calls(messages)?;
         let turns = RVec::from(turns);
-        let tools = RVec::from(tools);
-        let snapshot_id = RString::from(snapshot_id(&turns, &tools));
+        let (tools, documents) = (RVec::from(tools), RVec::from(documents));
+        let snapshot_id = RString::from(snapshot_id(&turns, &tools, &documents));
         Ok(ConversationSnapshot {
             turns,
             snapshot_id,
             tools,
+            documents,
         })
     }
 
@@ -400,15 +444,74 @@ impl ConversationSnapshot {
 
 /// Canonical JSON is serde_json's output for the turns: struct fields in declaration order, no
 /// whitespace, floats in shortest round-trip form, so it is the same on every run and platform.
-/// The tools follow as their texts, only where there are any, so a conversation without tools
-/// keeps the id it always had.
-fn snapshot_id(turns: &RVec<Turn>, tools: &RVec<RString>) -> String {
+/// The tools and the documents follow as their texts, only where there are any, so a
+/// conversation without them keeps the id it always had.
+fn snapshot_id(turns: &RVec<Turn>, tools: &RVec<RString>, documents: &RVec<RString>) -> String {
     let mut hasher = Sha256::new();
     hasher.update(serde_json::to_vec(turns).expect("turns always serialize"));
-    if !tools.is_empty() {
-        hasher.update(serde_json::to_vec(tools).expect("strings always serialize"));
+    for (name, texts) in [("tools", tools), ("documents", documents)] {
+        if !texts.is_empty() {
+            hasher.update(name);
+            hasher.update(serde_json::to_vec(texts).expect("strings always serialize"));
+        }
     }
     hex(&hasher.finalize()[..8])
+}
+
+/// A document's `text`, where `document` is a JSON object with a string `text`.
+pub fn document_text(document: &str) -> Result<String, String> {
+    match json_object(document)?.remove("text") {
+        Some(serde_json::Value::String(text)) => Ok(text),
+        Some(other) => Err(format!("its `text` is {other}")),
+        None => Err("it has no `text`".into()),
+    }
+}
+
+/// The JSON object `document` with its `text` replaced, its keys in their order.
+pub fn document_with_text(document: &str, text: &str) -> String {
+    let Ok(Fields(fields)) = serde_json::from_str::<Fields>(document) else {
+        return document.to_string();
+    };
+    let value = |key: &str, raw: &serde_json::value::RawValue| match key {
+        "text" => serde_json::to_string(text).unwrap_or_default(),
+        _ => raw.get().to_string(),
+    };
+    let body: Vec<String> = (fields.iter())
+        .map(|(key, raw)| {
+            format!(
+                "{}: {}",
+                serde_json::Value::from(key.as_str()),
+                value(key, raw)
+            )
+        })
+        .collect();
+    format!("{{{}}}", body.join(", "))
+}
+
+/// A JSON object's fields in their order, their values as written.
+struct Fields(Vec<(String, Box<serde_json::value::RawValue>)>);
+
+impl<'de> serde::Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    fields.push(entry);
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
 }
 
 /// `text` parsed, where it is a JSON object.

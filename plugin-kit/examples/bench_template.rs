@@ -33,10 +33,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let template = ChatTemplate::from_file(&path)?;
         let started = Instant::now();
-        template.render(&messages, &[], true)?;
+        template.render(&messages, &[], &[], true)?;
         let first = started.elapsed().as_secs_f64() * 1e3;
-        let inside = micros(|| template.render_unsandboxed(&messages, &[], true))?;
-        let sandboxed = micros(|| template.render(&messages, &[], true))?;
+        let inside = micros(|| template.render_unsandboxed(&messages, &[], &[], true))?;
+        let sandboxed = micros(|| template.render(&messages, &[], &[], true))?;
         let ratio = sandboxed / inside;
         println!("| {gib} GiB | {first:.1} | {inside:.0} | {sandboxed:.0} | {ratio:.1}x |");
     }

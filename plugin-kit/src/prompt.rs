@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use lmhost_plugin_api::abi_stable::std_types::RString;
 use lmhost_plugin_api::{ConversationSnapshot, Image, Message, Part, PluginError};
 
 use crate::multimodal::Processor;
@@ -106,9 +107,11 @@ impl PromptFormat {
                 let messages: Vec<ChatMessage> = (snapshot.messages().zip(&texts))
                     .map(|(m, t)| chat_message(m, t, processor.is_some()))
                     .collect();
-                let tools: Vec<&str> = snapshot.tools.iter().map(|t| t.as_str()).collect();
+                let texts = |list: &'s [RString]| list.iter().map(|t| t.as_str()).collect();
+                let (tools, documents): (Vec<&str>, Vec<&str>) =
+                    (texts(&snapshot.tools), texts(&snapshot.documents));
                 let text = template
-                    .render(&messages, &tools, true)
+                    .render(&messages, &tools, &documents, true)
                     .map_err(|e| PluginError::invalid_input(format!("model `{model}`: {e}")))?;
                 match processor {
                     Some(processor) => (expand_markers(&text, &images, processor, model)?, false),
@@ -219,7 +222,7 @@ fn plain(messages: &[(&str, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use lmhost_plugin_api::{Message, Role, Turn};
+    use lmhost_plugin_api::{Grounding, Message, Role, Turn};
 
     use super::*;
 
@@ -347,11 +350,14 @@ mod tests {
         ];
         let tools =
             vec![r#"{"type": "function", "function": {"name": "f", "b": 1, "a": 2}}"#.into()];
-        let trace = ConversationSnapshot::with_tools(
+        let trace = ConversationSnapshot::grounded(
             vec![Turn {
                 messages: messages.into(),
             }],
-            tools,
+            Grounding {
+                tools,
+                ..Grounding::default()
+            },
         )
         .unwrap();
         assert_eq!(

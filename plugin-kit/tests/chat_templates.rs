@@ -24,13 +24,15 @@ struct Fixture {
 }
 
 /// A conversation in Transformers' shape: agent traces give `tools`, assistant messages with
-/// `tool_calls` (arguments as objects) and `tool` messages.
+/// `tool_calls` (arguments as objects) and `tool` messages; retrieval gives `documents`.
 #[derive(Deserialize)]
 struct Conversation {
     name: String,
     add_generation_prompt: bool,
     #[serde(default)]
     tools: Vec<Box<RawValue>>,
+    #[serde(default)]
+    documents: Vec<Box<RawValue>>,
     messages: Vec<Message>,
 }
 
@@ -214,6 +216,10 @@ fn load(path: &Path, fixture: &Fixture) -> Result<ChatTemplate, TemplateError> {
     ))
 }
 
+fn texts(list: &[Box<RawValue>]) -> Vec<&str> {
+    list.iter().map(|t| t.get()).collect()
+}
+
 fn render(template: &ChatTemplate, conversation: &Conversation) -> Result<String, String> {
     let messages: Vec<ChatMessage> = (conversation.messages.iter())
         .map(|m| ChatMessage {
@@ -229,8 +235,13 @@ fn render(template: &ChatTemplate, conversation: &Conversation) -> Result<String
             tool_call_id: m.tool_call_id.as_deref(),
         })
         .collect();
-    let tools: Vec<&str> = conversation.tools.iter().map(|t| t.get()).collect();
+    let (tools, documents) = (texts(&conversation.tools), texts(&conversation.documents));
     template
-        .render(&messages, &tools, conversation.add_generation_prompt)
+        .render(
+            &messages,
+            &tools,
+            &documents,
+            conversation.add_generation_prompt,
+        )
         .map_err(|e| e.to_string())
 }

@@ -5,9 +5,10 @@
     ex = host.explain(messages, players="sentences", estimator="kernel", budget=512)
 
 Messages are in the OpenAI chat shape: ``[{"role": "user", "content": "..."}]``, or, for an
-agent's trace, a conversation file's ``{"messages": [...], "tools": [...]}``. Every bundled
-backend (candle, onnx, openai, mock) is linked in; plugin libraries load by name as with the
-``lmhost`` command. Errors are the classes of :mod:`lmhost.errors`.
+agent's trace or a retrieval, a conversation file's ``{"messages": [...], "tools": [...],
+"documents": [...]}``. Every bundled backend (candle, onnx, openai, mock) is linked in; plugin
+libraries load by name as with the ``lmhost`` command. Errors are the classes of
+:mod:`lmhost.errors`.
 """
 
 from . import errors

@@ -323,8 +323,8 @@ impl Explanation {
 }
 
 /// Messages in the OpenAI chat shape (or one string, a user message, or a conversation file's
-/// `{"messages": [...], "tools": [...]}`) as a conversation, refused with the conversation
-/// file's own messages.
+/// `{"messages": [...], "tools": [...], "documents": [...]}`) as a conversation, refused with
+/// the conversation file's own messages.
 fn conversation(py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<ConversationSnapshot> {
     conversation_with_regions(py, messages).map(|(conversation, _)| conversation)
 }

@@ -42,7 +42,7 @@ pub struct Args {
     #[arg(long, value_name = "KIND")]
     refine_to: Option<Granularity>,
 
-    /// Only messages of these roles hold players (comma-separated: system,user,assistant,tool).
+    /// Only messages of these roles hold players (comma-separated: system,user,assistant,tool,document).
     #[arg(long, value_name = "ROLES", value_delimiter = ',', value_parser = parse_role)]
     roles: Option<Vec<Role>>,
 
@@ -187,9 +187,10 @@ fn parse_role(s: &str) -> std::result::Result<Role, String> {
         "user" => Ok(Role::User),
         "assistant" => Ok(Role::Assistant),
         "tool" => Ok(Role::Tool),
+        "document" => Ok(Role::Document),
         "raw" => Ok(Role::Raw),
         _ => Err(format!(
-            "unknown role `{s}`; expected system, user, assistant, tool or raw"
+            "unknown role `{s}`; expected system, user, assistant, tool, document or raw"
         )),
     }
 }

@@ -66,9 +66,13 @@ pub fn prompt_key(prompt: &ConversationSnapshot) -> String {
     let mut hasher = HashWriter(Sha256::new());
     // Writing into a hasher cannot fail, and the turns always serialize.
     let _ = serde_json::to_writer(&mut hasher, &prompt.turns);
-    // The tools the model is told of change its answer; a prompt without them keeps its key.
-    if !prompt.tools.is_empty() {
-        let _ = serde_json::to_writer(&mut hasher, &prompt.tools);
+    // The tools and documents the model is given change its answer (and a coalition may
+    // leave documents out); a prompt without them keeps its key.
+    for (name, texts) in [("tools", &prompt.tools), ("documents", &prompt.documents)] {
+        if !texts.is_empty() {
+            hasher.0.update(name);
+            let _ = serde_json::to_writer(&mut hasher, texts);
+        }
     }
     hasher
         .0
@@ -337,11 +341,20 @@ mod tests {
     }
 
     #[test]
-    fn the_tools_are_part_of_a_prompts_key() {
+    fn the_tools_and_documents_are_part_of_a_prompts_key() {
         let turns = ConversationSnapshot::from_prompt("hi").turns.to_vec();
         let with = |tools: Vec<&str>| {
             let tools = tools.into_iter().map(Into::into).collect();
-            prompt_key(&ConversationSnapshot::with_tools(turns.clone(), tools).unwrap())
+            prompt_key(
+                &ConversationSnapshot::grounded(
+                    turns.clone(),
+                    lmhost_plugin_api::Grounding {
+                        tools,
+                        ..lmhost_plugin_api::Grounding::default()
+                    },
+                )
+                .unwrap(),
+            )
         };
         assert_eq!(
             with(vec![]),

@@ -11,7 +11,9 @@ use super::{interaction_ids, interactions_name, number, one_line, TOP_INTERACTIO
 use crate::config::ExplanationConfig;
 use crate::explain::Explanation;
 use crate::outcome::Outcome;
-use lmhost_plugin_api::Message;
+use lmhost_plugin_api::{Message, Role};
+
+use crate::explain::players::Players;
 
 /// Escapes text for HTML content and attribute values.
 pub fn escape(text: &str) -> String {
@@ -156,8 +158,9 @@ pub fn render(outcome: &Outcome) -> String {
         shade(1.0, 1.0),
         shade(-1.0, 1.0),
     );
-    h.push_str("<h2>Conversation</h2>\n");
     let players = &outcome.players;
+    documents(&mut h, players, e, max);
+    h.push_str("<h2>Conversation</h2>\n");
     let mut global = 0;
     for (t, turn) in players.conversation().turns.iter().enumerate() {
         for (m, message) in turn.messages.iter().enumerate() {
@@ -262,6 +265,29 @@ fn player_span(h: &mut String, e: &Explanation, player: usize, text: &str, max: 
         a.rank,
         escape(text)
     );
+}
+
+/// The conversation's documents, each shaded where it is a player.
+fn documents(h: &mut String, players: &Players, e: &Explanation, max: f64) {
+    let documents = &players.conversation().documents;
+    if documents.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Documents</h2>\n");
+    for (k, document) in documents.iter().enumerate() {
+        let text = lmhost_plugin_api::document_text(document).unwrap_or_default();
+        let _ = write!(
+            h,
+            "<div class=\"msg\"><div class=\"role\">document d{k}</div><div class=\"text\">"
+        );
+        let player = (e.attributions.iter())
+            .position(|a| a.player.role == Role::Document && a.player.message == k);
+        match player {
+            Some(player) => player_span(h, e, player, &text, max),
+            None => h.push_str(&escape(&text)),
+        }
+        h.push_str("</div></div>\n");
+    }
 }
 
 /// The tool calls of message `global`, one a line with its id, each shaded where it is a

@@ -10,6 +10,7 @@ use crate::explain::{
     ValueKind,
 };
 use crate::outcome::Outcome;
+use lmhost_plugin_api::Role;
 
 /// Total width of a table row.
 pub const WIDTH: usize = 100;
@@ -202,7 +203,9 @@ pub fn shown_as(s: &ExplanationConfig) -> String {
 
 /// What the first level's players are: `auto` starts from messages.
 pub fn level_name(s: &ExplanationConfig) -> String {
+    // Documents are players whole, at any granularity.
     let text = match s.players {
+        _ if s.roles == [Role::Document] => "documents",
         Granularity::Auto => "messages (auto: refined below)",
         other => other.as_str(),
     };

@@ -56,6 +56,7 @@ pub(super) async fn chat(
     let snapshot = chat_snapshot(
         request.messages,
         request.tools.as_deref().unwrap_or_default(),
+        request.documents.as_deref().unwrap_or_default(),
     )?;
     let max_tokens = match (request.max_completion_tokens, request.max_tokens) {
         (Some(n), _) => Some(("max_completion_tokens", n)),

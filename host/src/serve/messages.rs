@@ -3,18 +3,19 @@
 
 use std::path::Path;
 
-use lmhost_plugin_api::{Image, Message, Part, Role};
+use lmhost_plugin_api::{Grounding, Image, Message, Part, Role};
 use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use super::wire::{ChatMessage, Content, ContentPart, WireRole};
-use crate::conversation::{group_turns, tool_message, tool_texts};
+use crate::conversation::{group_turns, json_texts, tool_message};
 use crate::{images, ConversationSnapshot, Error};
 
-/// The conversation of a chat request's `messages` and `tools`.
+/// The conversation of a chat request's `messages`, `tools` and `documents`.
 pub(super) fn chat_snapshot(
     messages: Vec<ChatMessage>,
     tools: &[Box<RawValue>],
+    documents: &[Box<RawValue>],
 ) -> Result<ConversationSnapshot, ApiError> {
     let messages = (messages.into_iter().enumerate())
         .map(|(i, m)| {
@@ -56,7 +57,11 @@ pub(super) fn chat_snapshot(
             "`messages` holds no message; at least one is needed",
         ));
     }
-    ConversationSnapshot::with_tools(group_turns(messages), tool_texts(tools))
+    let grounding = Grounding {
+        tools: json_texts(tools),
+        documents: json_texts(documents),
+    };
+    ConversationSnapshot::grounded(group_turns(messages), grounding)
         .map_err(|e| ApiError::invalid("messages", e.message.into_string()))
 }
 

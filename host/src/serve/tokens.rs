@@ -46,7 +46,8 @@ pub(super) async fn tokenize(
         ),
         (None, None, Some(messages)) => {
             let tools = request.tools.as_deref().unwrap_or_default();
-            ("messages", chat_snapshot(messages, tools)?, true)
+            let documents = request.documents.as_deref().unwrap_or_default();
+            ("messages", chat_snapshot(messages, tools, documents)?, true)
         }
         _ => {
             return Err(ApiError::invalid(

@@ -22,6 +22,9 @@ pub struct ChatRequest {
     /// a call the model writes is not parsed into `tool_calls`.
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Box<serde_json::value::RawValue>>>,
+    /// Extension (vLLM): documents for the chat template, each with a string `text`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub documents: Option<Vec<Box<serde_json::value::RawValue>>>,
     pub max_tokens: Option<u32>,
     pub max_completion_tokens: Option<u32>,
     pub temperature: Option<f32>,
@@ -364,9 +367,11 @@ pub struct TokenizeRequest {
     pub prompt: Option<String>,
     pub content: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
-    /// With `messages`: the chat template's `tools`, as in a chat request.
+    /// With `messages`: the chat template's `tools` and `documents`, as in a chat request.
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Box<serde_json::value::RawValue>>>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub documents: Option<Vec<Box<serde_json::value::RawValue>>>,
     /// Only `true` (the default): the chat template always opens the assistant's turn.
     pub add_generation_prompt: Option<bool>,
     pub add_special_tokens: Option<bool>,

@@ -215,15 +215,17 @@ impl ChatTemplate {
     /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`,
     /// rendered in a process of its own within [`limits::MEMORY`] and [`limits::TIME`] (on Linux;
     /// elsewhere in this one).
-    /// `tools` are the texts of the JSON objects the template gets as `tools` (none: `None`).
+    /// `tools` and `documents` are the texts of the JSON objects the template gets as `tools`
+    /// and `documents` (none: `None`).
     pub fn render(
         &self,
         messages: &[ChatMessage],
         tools: &[&str],
+        documents: &[&str],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
         let template = self.template()?;
-        let context = self.context(messages, tools, add_generation_prompt);
+        let context = self.context(messages, [tools, documents], add_generation_prompt);
         self.sandboxed(&template, context)
             .map_err(|failure| TemplateError::failed(&self.origin, failure))
     }
@@ -235,14 +237,13 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         tools: &[&str],
+        documents: &[&str],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
         let template = self.template()?;
-        within_limits(
-            &template,
-            self.context(messages, tools, add_generation_prompt),
-        )
-        .map_err(|failure| TemplateError::failed(&self.origin, failure))
+        let context = self.context(messages, [tools, documents], add_generation_prompt);
+        within_limits(&template, context)
+            .map_err(|failure| TemplateError::failed(&self.origin, failure))
     }
 
     fn template(&self) -> Result<Template<'_, '_>, TemplateError> {
@@ -306,18 +307,18 @@ impl ChatTemplate {
     fn context(
         &self,
         messages: &[ChatMessage],
-        tools: &[&str],
+        [tools, documents]: [&[&str]; 2],
         add_generation_prompt: bool,
     ) -> Value {
-        let tools = match tools {
+        let objects = |texts: &[&str]| match texts {
             [] => Value::from(()),
-            tools => tools.iter().map(|t| json_value(t)).collect(),
+            texts => texts.iter().map(|t| json_value(t)).collect(),
         };
         let mut vars = vec![
             ("messages", Value::from_serialize(messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
-            ("tools", tools),
-            ("documents", Value::from(())),
+            ("tools", objects(tools)),
+            ("documents", objects(documents)),
         ];
         let tokens = [
             ("bos_token", &self.bos_token),

@@ -15,7 +15,7 @@ fn user(content: &str) -> [ChatMessage<'_>; 1] {
 
 /// Renders `source` over one user message "hi".
 fn render(source: &str) -> Result<String, TemplateError> {
-    ChatTemplate::new(source, "test.jinja")?.render(&user("hi"), &[], true)
+    ChatTemplate::new(source, "test.jinja")?.render(&user("hi"), &[], &[], true)
 }
 
 fn rendered(source: &str) -> String {
@@ -34,10 +34,10 @@ fn tokenizer_config_sets_template_and_special_tokens() {
         ChatMessage::new("system", "Be brief."),
         ChatMessage::new("user", " Hi "),
     ];
-    let text = template.render(&messages, &[], true).unwrap();
+    let text = template.render(&messages, &[], &[], true).unwrap();
     assert_eq!(text, "<s><system>Be brief.</s><user>Hi</s><assistant>");
     assert_eq!(
-        template.render(&messages[..1], &[], false).unwrap(),
+        template.render(&messages[..1], &[], &[], false).unwrap(),
         "<s><system>Be brief.</s>"
     );
     assert_eq!(template.source(), HF_STYLE);
@@ -54,7 +54,7 @@ fn server_props_answer() {
     });
     let template = ChatTemplate::from_json(&props, "server /props").unwrap();
     assert_eq!(
-        template.render(&user("x"), &[], true).unwrap(),
+        template.render(&user("x"), &[], &[], true).unwrap(),
         "<|begin_of_text|>[x]"
     );
 }
@@ -66,7 +66,7 @@ fn a_list_of_named_templates_gives_the_default() {
         {"name": "default", "template": "default"},
     ]});
     let template = ChatTemplate::from_json(&config, "cfg").unwrap();
-    assert_eq!(template.render(&[], &[], true).unwrap(), "default");
+    assert_eq!(template.render(&[], &[], &[], true).unwrap(), "default");
 
     let config = json!({"chat_template": [{"name": "rag", "template": "x"}]});
     let err = ChatTemplate::from_json(&config, "cfg")
@@ -91,7 +91,7 @@ fn json_without_a_template_is_refused() {
 #[test]
 fn missing_special_tokens_are_undefined() {
     let template = ChatTemplate::new("{{ bos_token is defined }}|{{ eos_token }}|", "t").unwrap();
-    assert_eq!(template.render(&[], &[], true).unwrap(), "False||");
+    assert_eq!(template.render(&[], &[], &[], true).unwrap(), "False||");
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn from_file_reads_jinja_and_tokenizer_config() {
     std::fs::write(&jinja, "{{ messages[0].content }}\n").unwrap();
     let template = ChatTemplate::from_file(&jinja).unwrap();
     // jinja2 drops the file's final newline (keep_trailing_newline=False).
-    assert_eq!(template.render(&user("hi"), &[], true).unwrap(), "hi");
+    assert_eq!(template.render(&user("hi"), &[], &[], true).unwrap(), "hi");
     assert_eq!(template.origin(), jinja.display().to_string());
 
     let config = dir.path().join("tokenizer_config.json");
@@ -112,7 +112,7 @@ fn from_file_reads_jinja_and_tokenizer_config() {
     .unwrap();
     let template = ChatTemplate::from_file(&config).unwrap();
     assert_eq!(
-        template.render(&user("hi"), &[], true).unwrap(),
+        template.render(&user("hi"), &[], &[], true).unwrap(),
         "<s><user>hi<assistant>"
     );
 

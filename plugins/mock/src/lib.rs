@@ -349,8 +349,9 @@ struct Word {
 enum Source {
     /// A message's role marker.
     Marker,
-    /// A word of a tool call: its function's name or its arguments.
-    Call,
+    /// A word of a document or of a tool call (its function's name or its arguments): read,
+    /// never hidden.
+    Fixed,
     /// Samples `start..end` of the message's audio clip `clip`.
     Sound(usize, std::ops::Range<usize>),
     /// Bytes of the message's text.
@@ -364,7 +365,7 @@ impl Word {
     fn hidden_by(&self, hidden: &Hidden<'_>) -> bool {
         let message = self.message as u32;
         match &self.from {
-            Source::Marker | Source::Call => false,
+            Source::Marker | Source::Fixed => false,
             Source::Text(r) => hidden.spans.iter().any(|s| {
                 s.message == message && (s.start as usize) < r.end && r.start < s.end as usize
             }),
@@ -389,7 +390,19 @@ impl Word {
 
 /// The prompt's words in order, each with where it came from.
 fn placed_words(snapshot: &ConversationSnapshot) -> Vec<Word> {
-    let mut words = Vec::new();
+    // The documents come first, as templates give them.
+    let documents =
+        (snapshot.documents.iter()).filter_map(|d| lmhost_plugin_api::document_text(d).ok());
+    let mut words: Vec<Word> = documents
+        .flat_map(|text| {
+            (spans_of(&text).map(|(_, w)| Word {
+                text: w.to_string(),
+                message: 0,
+                from: Source::Fixed,
+            }))
+            .collect::<Vec<_>>()
+        })
+        .collect();
     for (m, message) in snapshot.messages().enumerate() {
         let word = |text: String, from| Word {
             text,
@@ -427,7 +440,7 @@ fn placed_words(snapshot: &ConversationSnapshot) -> Vec<Word> {
         for call in message.tool_calls.iter() {
             let called = std::iter::once(call.name.as_str())
                 .chain(spans_of(&call.arguments).map(|(_, w)| w));
-            words.extend(called.map(|w| word(w.to_string(), Source::Call)));
+            words.extend(called.map(|w| word(w.to_string(), Source::Fixed)));
         }
     }
     words

@@ -23,9 +23,15 @@ pub fn request(
     let mut body = Map::new();
     body.insert("model".into(), json!(model));
     body.insert("messages".into(), Value::Array(messages));
-    if !snapshot.tools.is_empty() {
-        let tools = snapshot.tools.iter().map(|t| json_text(t)).collect();
-        body.insert("tools".into(), Value::Array(tools));
+    // `documents` is vLLM's extension; a server without it is not sent one unasked.
+    for (key, texts) in [
+        ("tools", &snapshot.tools),
+        ("documents", &snapshot.documents),
+    ] {
+        if !texts.is_empty() {
+            let values = texts.iter().map(|t| json_text(t)).collect();
+            body.insert(key.into(), Value::Array(values));
+        }
     }
     body.insert("max_tokens".into(), json!(config.max_new_tokens));
     body.insert("temperature".into(), json!(config.temperature));
@@ -78,7 +84,8 @@ fn message(m: &Message) -> Value {
     Value::Object(out)
 }
 
-/// A tool as the JSON it holds (checked to be an object when the snapshot was made). Its keys
+/// A tool or document as the JSON it holds (checked to be an object when the snapshot was
+/// made). Its keys
 /// reach the server sorted, as serde_json keeps them; the prompt lmhost scores itself renders
 /// them in their own order.
 fn json_text(text: &str) -> Value {
