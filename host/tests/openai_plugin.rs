@@ -578,3 +578,40 @@ fn chat_relays_the_servers_event_stream_and_stops_it_when_told() {
         "the server went on generating: {generated} of 90 words"
     );
 }
+
+/// An agent's trace and its documents reach the server in OpenAI's shape (and vLLM's
+/// `documents`): a message of calls alone has null content, each call its arguments as JSON
+/// text, each answer the id of its call.
+#[test]
+fn a_trace_reaches_the_server_in_openais_shape() {
+    let script = ScriptServer::start(vec![(200, chat_answer("x"))]);
+    let backend = open(&openai_config(&script.base_url(), "flavor = \"vllm\""));
+    let trace = lmhost::conversation::parse(
+        r#"{"tools": [{"type": "function", "function": {"name": "get_weather"}}],
+            "documents": [{"title": "Hours", "text": "Opens at nine."}],
+            "messages": [
+              {"role": "user", "content": "Umbrella?"},
+              {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Lyon"}}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": "Rain."}
+            ]}"#,
+        std::path::Path::new("trace.json"),
+    )
+    .unwrap();
+    backend
+        .generate(&trace, &GenerationConfig::default())
+        .unwrap();
+    let requests = script.requests.lock().unwrap();
+    let body = body_json(requests.last().unwrap());
+    assert_eq!(
+        body["messages"],
+        serde_json::json!([
+            {"role": "user", "content": "Umbrella?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Lyon\"}"}}]},
+            {"role": "tool", "content": "Rain.", "tool_call_id": "c1"}
+        ])
+    );
+    assert_eq!(body["tools"][0]["function"]["name"], "get_weather");
+    assert_eq!(body["documents"][0]["text"], "Opens at nine.");
+}
