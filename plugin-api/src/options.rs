@@ -18,6 +18,8 @@ pub enum OptionKind {
     Integer,
     Float,
     String,
+    /// A list of strings.
+    Strings,
 }
 
 impl OptionKind {
@@ -27,6 +29,7 @@ impl OptionKind {
             OptionKind::Integer => "a whole number >= 0",
             OptionKind::Float => "a number",
             OptionKind::String => "a string",
+            OptionKind::Strings => "a list of strings",
         }
     }
 
@@ -36,6 +39,9 @@ impl OptionKind {
             OptionKind::Integer => value.is_u64(),
             OptionKind::Float => value.is_number(),
             OptionKind::String => value.is_string(),
+            OptionKind::Strings => value
+                .as_array()
+                .is_some_and(|items| items.iter().all(Value::is_string)),
         }
     }
 }

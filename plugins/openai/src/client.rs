@@ -34,6 +34,9 @@ pub struct Client {
     logger: Logger,
 }
 
+/// Longest an aliveness probe waits.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Longest wait between two tries, whatever `Retry-After` says.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -136,6 +139,16 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Whether the server answers `GET /models` now (one try, within [`PROBE_TIMEOUT`]): how
+    /// a server that went away is told from one whose answer was the failure.
+    pub fn alive(&self) -> bool {
+        let url = format!("{}/models", self.config.base_url);
+        let request = (self.authorize(self.agent.get(&url)).config())
+            .timeout_global(Some(PROBE_TIMEOUT))
+            .build();
+        request.call().is_ok_and(|r| r.status().is_success())
     }
 
     /// `GET` of a full URL; the JSON answer.
