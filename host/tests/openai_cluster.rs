@@ -79,6 +79,10 @@ fn a_cluster_scores_as_one_endpoint_and_spreads_whole_runs() {
     let b = completions(&servers[1]) - before[1];
     assert_eq!(a + b, prompts.len() as f64);
     assert!(a > 0.0 && b > 0.0, "{a} and {b}");
+    // Without affinity, as a load balancer spreads them: the same values.
+    let spread = open(&config(&urls, &dir, "affinity = false"));
+    let spread = spread.score_batch(&prompts, "red blue").unwrap();
+    assert_eq!(logprobs(&spread), logprobs(&one));
 }
 
 #[test]

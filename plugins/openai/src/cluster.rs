@@ -83,13 +83,20 @@ impl Endpoint {
 /// The endpoints, the first of which answers for the cluster where one must (its template).
 pub struct Cluster {
     endpoints: Vec<Endpoint>,
+    /// Whether prompts go in runs of shared prefixes (else one by one, to whichever endpoint
+    /// is free).
+    affinity: bool,
     logger: Logger,
 }
 
 impl Cluster {
-    pub fn new(endpoints: Vec<Endpoint>, logger: Logger) -> Self {
+    pub fn new(endpoints: Vec<Endpoint>, affinity: bool, logger: Logger) -> Self {
         assert!(!endpoints.is_empty(), "a cluster has an endpoint");
-        Cluster { endpoints, logger }
+        Cluster {
+            endpoints,
+            affinity,
+            logger,
+        }
     }
 
     pub fn endpoints(&self) -> &[Endpoint] {
@@ -136,7 +143,11 @@ impl Cluster {
         if up.is_empty() {
             return Err(self.all_down(&[]));
         }
-        let runs = cut(n, self.endpoints.len() * RUNS_PER_ENDPOINT, shared);
+        let pieces = match self.affinity {
+            true => self.endpoints.len() * RUNS_PER_ENDPOINT,
+            false => n,
+        };
+        let runs = cut(n, pieces, shared);
         let schedule = Schedule {
             board: Mutex::new(Board::new(runs, self.endpoints.len(), n)),
             changed: Condvar::new(),

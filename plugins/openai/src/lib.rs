@@ -71,6 +71,12 @@ impl Backend for OpenAi {
                 "Several servers of the same model, instead of base_url: prompts that share prefixes go to the same one, and a dead one's go to the others.",
             ),
             OptionSpec::new(
+                "affinity",
+                OptionKind::Bool,
+                json!(true),
+                "With base_urls: prompts that share prefixes go to the same server (false: each to whichever server is free, as a load balancer sends them).",
+            ),
+            OptionSpec::new(
                 "api_key_env",
                 OptionKind::String,
                 Value::Null,
@@ -166,8 +172,9 @@ impl Backend for OpenAi {
                 endpoint.abilities,
             ));
         }
+        let affinity = options.get("affinity").and_then(Value::as_bool) != Some(false);
         Ok(OpenAi {
-            cluster: Cluster::new(endpoints, context.logger.clone()),
+            cluster: Cluster::new(endpoints, affinity, context.logger.clone()),
             model,
             format,
             logger: context.logger.clone(),
@@ -309,14 +316,9 @@ impl Backend for OpenAi {
         })
     }
 
-    /// What each endpoint computed, where there are several: the prompts' tokens and those its
-    /// prefix cache served.
+    /// What each endpoint computed: the prompts' tokens and those its prefix cache served.
     fn close(&self) {
-        let endpoints = self.cluster.endpoints();
-        if endpoints.len() < 2 {
-            return;
-        }
-        for endpoint in endpoints {
+        for endpoint in self.cluster.endpoints() {
             let s = endpoint.stats();
             self.logger.info(&format!(
                 "endpoint {}: {} requests, {} prompt tokens ({} from its prefix cache), {} \
