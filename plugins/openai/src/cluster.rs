@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -208,7 +209,14 @@ impl Cluster {
             };
             board.in_flight += 1;
             drop(board);
-            let result = work(endpoint, i);
+            // A panic is this item's error: it must not leave the others waiting for it.
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| work(endpoint, i)))
+                .unwrap_or_else(|_| {
+                    Err(PluginError::internal(format!(
+                        "scoring prompt {i} on {} panicked",
+                        endpoint.url()
+                    )))
+                });
             let up = match &result {
                 Err(error) => !self.went_down(endpoint, error),
                 Ok(_) => true,
@@ -381,5 +389,40 @@ mod tests {
         board.give_back(1, 5);
         assert_eq!(board.next(0), Some(5));
         assert_eq!(board.queue.front(), Some(&(6..7)));
+    }
+
+    #[test]
+    fn a_panicking_item_is_an_error_not_a_hang() {
+        let client = Client::new(
+            crate::client::ClientConfig {
+                base_url: "http://127.0.0.1:9/v1".into(),
+                api_key: None,
+                timeout: std::time::Duration::from_secs(1),
+                max_retries: 0,
+                concurrency: 3,
+                backoff: std::time::Duration::ZERO,
+            },
+            Logger::discard(),
+        );
+        let endpoint = Endpoint::new(client, Flavor::Lmhost, Abilities::of(Flavor::Lmhost));
+        let cluster = Cluster::new(vec![endpoint], true, Logger::discard());
+        let outcome = cluster.each_by_affinity(
+            8,
+            |_| 0,
+            |_, i| match i {
+                3 => panic!("item 3"),
+                i => Ok(i),
+            },
+        );
+        let err = outcome.unwrap_err();
+        assert!(
+            err.message
+                .contains("scoring prompt 3 on http://127.0.0.1:9/v1 panicked"),
+            "{err}"
+        );
+        let fine = cluster
+            .each_by_affinity(8, |_| 0, |_, i| Ok(i * 2))
+            .unwrap();
+        assert_eq!(fine, [0, 2, 4, 6, 8, 10, 12, 14]);
     }
 }
