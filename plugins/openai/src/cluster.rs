@@ -129,13 +129,14 @@ impl Cluster {
         Err(self.all_down(&failures))
     }
 
-    /// `work` on every item `0..n`, in runs cut where neighbours share least (`shared(i)`: what
-    /// item `i` shares with item `i - 1`), each endpoint running as many at once as its
-    /// client allows. The results come back in item order.
+    /// `work` on every item `0..n`, in runs cut where neighbours share least (`shared()[i]`:
+    /// what item `i` shares with item `i - 1`, asked only where there are endpoints to share
+    /// the runs out to), each endpoint running as many at once as its client allows. The
+    /// results come back in item order.
     pub fn each_by_affinity<T: Send>(
         &self,
         n: usize,
-        shared: impl Fn(usize) -> usize,
+        shared: impl FnOnce() -> Vec<usize>,
         work: impl Fn(&Endpoint, usize) -> Result<T, PluginError> + Sync,
     ) -> Result<Vec<T>, PluginError> {
         let up: Vec<usize> = (0..self.endpoints.len())
@@ -144,11 +145,15 @@ impl Cluster {
         if up.is_empty() {
             return Err(self.all_down(&[]));
         }
-        let pieces = match self.affinity {
-            true => self.endpoints.len() * RUNS_PER_ENDPOINT,
-            false => n,
+        let runs = match (self.endpoints.len(), self.affinity) {
+            // One endpoint takes the items in their order: nothing to cut.
+            (1, _) => cut(n, 1, |_| 0),
+            (_, false) => cut(n, n, |_| 0),
+            (endpoints, true) => {
+                let shared = shared();
+                cut(n, endpoints * RUNS_PER_ENDPOINT, |i| shared[i])
+            }
         };
-        let runs = cut(n, pieces, shared);
         let schedule = Schedule {
             board: Mutex::new(Board::new(runs, self.endpoints.len(), n)),
             changed: Condvar::new(),
@@ -408,7 +413,7 @@ mod tests {
         let cluster = Cluster::new(vec![endpoint], true, Logger::discard());
         let outcome = cluster.each_by_affinity(
             8,
-            |_| 0,
+            || vec![0; 8],
             |_, i| match i {
                 3 => panic!("item 3"),
                 i => Ok(i),
@@ -421,7 +426,7 @@ mod tests {
             "{err}"
         );
         let fine = cluster
-            .each_by_affinity(8, |_| 0, |_, i| Ok(i * 2))
+            .each_by_affinity(8, || vec![0; 8], |_, i| Ok(i * 2))
             .unwrap();
         assert_eq!(fine, [0, 2, 4, 6, 8, 10, 12, 14]);
     }

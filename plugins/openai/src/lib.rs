@@ -250,15 +250,14 @@ impl Backend for OpenAi {
         snapshots: &[ConversationSnapshot],
         reply: &str,
     ) -> Result<Vec<ScoreRecord>, PluginError> {
-        let prompts: Vec<String> = (snapshots.iter())
-            .map(|s| {
-                self.format
-                    .render(s, &self.model)
-                    .map(|p| p.text)
-                    .unwrap_or_default()
-            })
-            .collect();
-        let shared = |i: usize| shared_prefix(&prompts[i - 1], &prompts[i]);
+        // What each prompt, as the servers read it, shares with the one before.
+        let shared = || {
+            let prompts: Vec<String> = (snapshots.iter())
+                .map(|s| (self.format.render(s, &self.model)).map_or(String::new(), |p| p.text))
+                .collect();
+            let after = prompts.windows(2).map(|w| shared_prefix(&w[0], &w[1]));
+            std::iter::once(0).chain(after).collect()
+        };
         self.cluster
             .each_by_affinity(snapshots.len(), shared, |endpoint, i| {
                 self.score_on(endpoint, &snapshots[i], reply)
@@ -271,7 +270,7 @@ impl Backend for OpenAi {
         snapshots: &[ConversationSnapshot],
         config: &GenerationConfig,
     ) -> Result<Vec<GenerationRecord>, PluginError> {
-        let shared = |_: usize| 0;
+        let shared = || vec![0; snapshots.len()];
         self.cluster
             .each_by_affinity(snapshots.len(), shared, |endpoint, i| {
                 self.generate_on(endpoint, &snapshots[i], config)
