@@ -369,10 +369,13 @@ impl Players {
             .collect()
     }
 
-    /// The indices of the documents whose players are absent from `coalition`.
+    /// The indices of the documents whose players are absent from `coalition`. Document
+    /// players come first, so a coalition's rendering looks at them alone, not at every word
+    /// of a long context.
     pub fn absent_documents(&self, coalition: &Coalition) -> Vec<usize> {
         (self.players.iter().enumerate())
-            .filter(|(i, p)| p.role == Role::Document && !coalition.contains(*i))
+            .take_while(|(_, p)| p.role == Role::Document)
+            .filter(|(i, _)| !coalition.contains(*i))
             .map(|(_, p)| p.message)
             .collect()
     }
@@ -380,6 +383,9 @@ impl Players {
     /// The ids of the calls whose players are absent from `coalition`: each goes with the
     /// `tool` message that answers it.
     pub fn absent_calls(&self, coalition: &Coalition) -> Vec<&str> {
+        if self.call_players.is_empty() {
+            return Vec::new();
+        }
         let messages: Vec<&Message> = self.conversation.messages().collect();
         (self.call_players.iter())
             .filter(|&&i| !coalition.contains(i))
@@ -394,22 +400,16 @@ impl Players {
     /// Refuses tool call and document players where absent players are hidden (`absence =
     /// "hide"`): it hides spans of message text, and they have none.
     pub fn check_hideable(&self) -> Result<(), ExplainError> {
-        let whole = (self.players.iter()).find(|p| p.call.is_some() || p.role == Role::Document);
+        let whole = self.players.iter().find_map(|p| match (p.call, p.role) {
+            (Some(_), _) => Some((p, "tool call", "assistant messages")),
+            (None, Role::Document) => Some((p, "document", "documents")),
+            _ => None,
+        });
         match whole {
-            Some(p) => Err(ExplainError::Players(format!(
-                "player {} is a {}, which `absence = \"hide\"` cannot hide (it hides spans of \
-                 message text): use `absence = \"delete\"`, or leave {} out with `roles`",
-                p.id,
-                if p.call.is_some() {
-                    "tool call"
-                } else {
-                    "document"
-                },
-                if p.call.is_some() {
-                    "assistant messages"
-                } else {
-                    "documents"
-                },
+            Some((p, kind, leave_out)) => Err(ExplainError::Players(format!(
+                "player {} is a {kind}, which `absence = \"hide\"` cannot hide (it hides spans of \
+                 message text): use `absence = \"delete\"`, or leave {leave_out} out with `roles`",
+                p.id
             ))),
             None => Ok(()),
         }
