@@ -823,3 +823,60 @@ fn chat_requests_carry_tool_calls_answers_and_documents() {
         "{error}"
     );
 }
+
+/// `/generate` (SGLang's shape) scores from `logprob_start_len` on as the backend scores that
+/// continuation after the tokens before it, and refuses what it cannot do by field.
+#[test]
+fn generate_scores_from_the_start_position_and_names_bad_fields() {
+    let server = TestServer::mock(0, |_| {});
+    let url = server.url("/generate");
+    let text = "red green blue red";
+    let body = json!({"text": text, "return_logprob": true, "logprob_start_len": 2,
+                      "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}});
+    let answer = post(&url, &body.to_string());
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let meta = &answer.json()["meta_info"];
+    assert_eq!(meta["prompt_tokens"], 4);
+    assert_eq!(meta["completion_tokens"], 0);
+    let entries = meta["input_token_logprobs"].as_array().unwrap();
+    let local = common::open(&common::mock_config(0));
+    let want = local
+        .score(&ConversationSnapshot::raw("red green "), "blue red")
+        .unwrap();
+    let got: Vec<f32> = entries.iter().map(|e| e[0].as_f64().unwrap() as f32).collect();
+    assert_eq!(got, want.logprobs.as_slice());
+    let ids: Vec<u32> = entries.iter().map(|e| e[1].as_u64().unwrap() as u32).collect();
+    assert_eq!(ids, want.token_ids.as_slice());
+    // From 0: the first token has no logprob; without `return_logprob`, the count alone.
+    let from_zero = json!({"text": text, "return_logprob": true, "logprob_start_len": 0});
+    let answer = post(&url, &from_zero.to_string()).json();
+    let entries = answer["meta_info"]["input_token_logprobs"].as_array().unwrap();
+    assert_eq!(entries.len(), 4);
+    assert_eq!(entries[0][0], Value::Null);
+    let count = post(&url, &json!({"text": text}).to_string()).json();
+    assert_eq!(count["meta_info"]["prompt_tokens"], 4);
+    assert!(count["meta_info"].get("input_token_logprobs").is_none());
+    let refused = [
+        (
+            json!({"text": text, "sampling_params": {"max_new_tokens": 8}}),
+            "sampling_params.max_new_tokens",
+        ),
+        (json!({"text": text, "input_ids": [1, 2]}), "text"),
+        (
+            json!({"text": text, "return_logprob": true, "logprob_start_len": 4}),
+            "logprob_start_len",
+        ),
+        (json!({"text": "", "return_logprob": true}), "text"),
+        // mock's ids are hashes: it cannot read ids back into text, and says so.
+        (json!({"input_ids": [1, 2, 3], "return_logprob": true}), "model"),
+        (json!({"text": text, "stream": true}), ""),
+    ];
+    for (body, param) in refused {
+        let answer = post(&url, &body.to_string());
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        let error = &answer.json()["error"];
+        if !param.is_empty() {
+            assert_eq!(error["param"], param, "{body}: {error}");
+        }
+    }
+}

@@ -26,25 +26,67 @@ pub(super) async fn respond(
         .run(move || score_prompt(&backend, &text))
         .await
         .map_err(|e| state.queue_error(e))??;
-    let prompt_tokens = record.prompt_tokens + record.token_ids.len() as u32;
-    state
-        .metrics
-        .record_tokens(prompt_tokens, 0, record.cached_prompt_tokens);
-    let logprobs = with_logprobs.then(|| logprobs(&tokens, &record));
-    Ok(Json(Completion {
+    let pieces: Vec<&str> = tokens.pieces.iter().map(|p| p.as_str()).collect();
+    let logprobs = std::iter::once(None).chain(record.logprobs.iter().map(|&l| Some(l)));
+    let logprobs = with_logprobs.then(|| token_logprobs(&tokens.token_ids, &pieces, logprobs));
+    let count = tokens.token_ids.len() as u32;
+    Ok(completion(
+        state,
+        prompt,
+        count,
+        logprobs,
+        record.cached_prompt_tokens,
+    ))
+}
+
+/// `echo` of a prompt given as token ids: scored as given, its prefix served from the
+/// backend's cache (see [`super::score`]).
+pub(super) async fn respond_ids(
+    state: &Arc<AppState>,
+    ids: Vec<u32>,
+    with_logprobs: bool,
+) -> Result<Response, ApiError> {
+    let backend = state.backend.clone();
+    let given = ids.clone();
+    let (text, pieces, logprobs, cached) = state
+        .queue
+        .run(move || -> Result<_, ApiError> {
+            let piece = |id: &u32| backend.detokenize(std::slice::from_ref(id));
+            let pieces = given.iter().map(piece).collect::<Result<Vec<_>, _>>()?;
+            let text = backend.detokenize(&given)?;
+            let (logprobs, cached) = super::score::score_all(&backend, given)?;
+            Ok((text, pieces, logprobs, cached))
+        })
+        .await
+        .map_err(|e| state.queue_error(e))??;
+    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    let logprobs = with_logprobs.then(|| token_logprobs(&ids, &pieces, logprobs.into_iter()));
+    Ok(completion(state, text, ids.len() as u32, logprobs, cached))
+}
+
+/// The echo answer: the prompt's text, no completion tokens.
+fn completion(
+    state: &AppState,
+    text: String,
+    prompt_tokens: u32,
+    logprobs: Option<CompletionLogprobs>,
+    cached: u32,
+) -> Response {
+    state.metrics.record_tokens(prompt_tokens, 0, cached);
+    Json(Completion {
         id: state.next_id("cmpl"),
         object: "text_completion",
         created: now(),
         model: state.model.clone(),
         choices: vec![CompletionChoice {
             index: 0,
-            text: prompt,
+            text,
             logprobs,
             finish_reason: "length",
         }],
-        usage: Usage::new(prompt_tokens, 0, record.cached_prompt_tokens),
+        usage: Usage::new(prompt_tokens, 0, cached),
     })
-    .into_response())
+    .into_response()
 }
 
 /// The prompt's tokens (as the text alone tokenizes) and the score of all but the first: the
@@ -82,10 +124,13 @@ fn score_prompt(
 
 /// One entry per prompt token: `token_id:N`, its logprob (`null` for the first) and its offset
 /// in characters, as vLLM counts them.
-fn logprobs(tokens: &TokenizeRecord, record: &ScoreRecord) -> CompletionLogprobs {
+fn token_logprobs(
+    ids: &[u32],
+    pieces: &[&str],
+    logprobs: impl Iterator<Item = Option<f32>>,
+) -> CompletionLogprobs {
     let mut offset = 0;
-    let text_offset = tokens
-        .pieces
+    let text_offset = pieces
         .iter()
         .map(|piece| {
             let at = offset;
@@ -94,14 +139,8 @@ fn logprobs(tokens: &TokenizeRecord, record: &ScoreRecord) -> CompletionLogprobs
         })
         .collect();
     CompletionLogprobs {
-        tokens: tokens
-            .token_ids
-            .iter()
-            .map(|id| format!("token_id:{id}"))
-            .collect(),
-        token_logprobs: std::iter::once(None)
-            .chain(record.logprobs.iter().map(|&l| Some(l)))
-            .collect(),
+        tokens: ids.iter().map(|id| format!("token_id:{id}")).collect(),
+        token_logprobs: logprobs.collect(),
         top_logprobs: None,
         text_offset,
     }

@@ -156,6 +156,17 @@ pub(super) async fn completions(
         ));
     }
     let prompt = match request.prompt {
+        Prompt::Ids(ids) if request.echo == Some(true) => {
+            return super::echo::respond_ids(&state, ids, request.logprobs.is_some())
+                .await
+                .map_err(|e| e.about("prompt"));
+        }
+        Prompt::Ids(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "a prompt of token ids is scored only (with `echo`); send text to generate",
+            ))
+        }
         Prompt::One(text) => text,
         Prompt::Many(mut texts) if texts.len() == 1 => texts.remove(0),
         Prompt::Many(texts) => {

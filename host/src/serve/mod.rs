@@ -18,6 +18,7 @@ pub mod metrics;
 mod openapi;
 pub mod queue;
 mod routes;
+mod score;
 mod state;
 mod stream;
 mod tokens;

@@ -28,6 +28,7 @@ pub(super) fn build(state: Arc<AppState>, body_limit: usize) -> Router {
     let protected = OpenApiRouter::new()
         .routes(routes!(super::generate::chat))
         .routes(routes!(super::generate::completions))
+        .routes(routes!(super::score::generate))
         .routes(routes!(embeddings))
         .routes(routes!(models))
         .routes(routes!(super::tokens::tokenize))
@@ -175,6 +176,12 @@ async fn embeddings(
     let inputs = match request.input {
         super::wire::Prompt::One(text) => vec![text],
         super::wire::Prompt::Many(texts) => texts,
+        super::wire::Prompt::Ids(_) => {
+            return Err(ApiError::invalid(
+                "input",
+                "`input` must be text; this server embeds no token ids",
+            ))
+        }
     };
     if inputs.is_empty() {
         return Err(ApiError::invalid("input", "`input` is empty"));

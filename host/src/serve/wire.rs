@@ -151,6 +151,8 @@ pub struct CompletionRequest {
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     pub echo: Option<bool>,
+    /// Extension (vLLM): accepted; this server always names tokens `token_id:N`.
+    pub return_tokens_as_token_ids: Option<bool>,
     /// Legacy completions take a number: how many alternatives per token (only 0 or 1 here).
     pub logprobs: Option<u32>,
     pub stream: Option<bool>,
@@ -163,6 +165,52 @@ pub struct CompletionRequest {
 pub enum Prompt {
     One(String),
     Many(Vec<String>),
+    /// Token ids (vLLM's shape), for `echo` only: scored as given.
+    Ids(Vec<u32>),
+}
+
+/// `POST /generate`, SGLang's native route, for scoring: a prompt (`text` or `input_ids`)
+/// and the position its logprobs start at. Generation stays on `/v1/completions`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateRequest {
+    pub text: Option<String>,
+    pub input_ids: Option<Vec<u32>>,
+    pub sampling_params: Option<SamplingParams>,
+    pub return_logprob: Option<bool>,
+    /// The first prompt position whose logprob is returned; absent or -1: the last.
+    pub logprob_start_len: Option<i64>,
+}
+
+/// SGLang's sampling parameters, as far as scoring reads them.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Only 0: this route scores, it does not generate.
+    pub max_new_tokens: Option<u32>,
+    /// Read and ignored: nothing is sampled.
+    pub temperature: Option<f32>,
+}
+
+/// What `/generate` answers, in SGLang's shape.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Generated {
+    pub text: String,
+    pub meta_info: MetaInfo,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MetaInfo {
+    pub id: String,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Of `prompt_tokens`, those the backend's prefix cache served.
+    pub cached_tokens: u32,
+    /// `[logprob, token_id, null]` for each prompt token from `logprob_start_len` on; the
+    /// first token of a prompt has no logprob (`null`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Vec<Object>>>)]
+    pub input_token_logprobs: Option<Vec<(Option<f32>, u32, Option<String>)>>,
 }
 
 /// `POST /v1/embeddings`.
