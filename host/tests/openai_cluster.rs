@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{metric, open, TestServer, MODEL};
+use common::{open, TestServer, MODEL};
 use lmhost::{Config, ConversationSnapshot, ScoreRecord};
 use lmhost_plugin_api::{Message, Role};
 
@@ -51,11 +51,12 @@ fn logprobs(records: &[ScoreRecord]) -> Vec<Vec<f32>> {
     records.iter().map(|r| r.logprobs.to_vec()).collect()
 }
 
-fn completions(server: &TestServer) -> f64 {
-    metric(
-        server,
-        "lmhost_requests_total{route=\"/v1/completions\",status=\"200\"}",
-    )
+/// Prompts an endpoint scored: `/generate` twice each (the prompt's length, then its score).
+fn scored(server: &TestServer) -> f64 {
+    let name = "lmhost_requests_total{route=\"/generate\",status=\"200\"} ";
+    let text = common::get(&server.url("/metrics")).body;
+    let count = text.lines().find_map(|l| l.strip_prefix(name)?.parse().ok());
+    count.unwrap_or(0.0) / 2.0
 }
 
 #[test]
@@ -67,16 +68,16 @@ fn a_cluster_scores_as_one_endpoint_and_spreads_whole_runs() {
     let one = open(&config(&urls[..1], &dir, "")).score_batch(&prompts, "red blue");
     let one = one.unwrap();
     let cluster = open(&config(&urls, &dir, ""));
-    let before = [completions(&servers[0]), completions(&servers[1])];
+    let before = [scored(&servers[0]), scored(&servers[1])];
     let both = cluster.score_batch(&prompts, "red blue").unwrap();
     assert_eq!(
         logprobs(&both),
         logprobs(&one),
         "same values through two endpoints"
     );
-    // Each endpoint took some of the prompts (one echo request each).
-    let a = completions(&servers[0]) - before[0];
-    let b = completions(&servers[1]) - before[1];
+    // Each endpoint took some of the prompts.
+    let a = scored(&servers[0]) - before[0];
+    let b = scored(&servers[1]) - before[1];
     assert_eq!(a + b, prompts.len() as f64);
     assert!(a > 0.0 && b > 0.0, "{a} and {b}");
     // Without affinity, as a load balancer spreads them: the same values.
@@ -98,12 +99,12 @@ fn a_server_shut_down_midway_leaves_its_prompts_to_the_others() {
     let victim = servers.remove(1);
     let got = std::thread::scope(|scope| {
         let run = scope.spawn(|| cluster.score_batch(&prompts, "red blue"));
-        // Once it has scored a prompt (its first echo request was the probe at start).
+        // Once it has scored a prompt.
         let started = std::time::Instant::now();
-        while completions(&victim) < 2.0 && started.elapsed().as_secs() < 30 {
+        while scored(&victim) < 1.0 && started.elapsed().as_secs() < 30 {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let taken = completions(&victim) - 1.0;
+        let taken = scored(&victim).floor();
         drop(victim); // shuts the server down: it finishes what it has, then refuses
         (run.join().unwrap(), taken)
     });

@@ -13,9 +13,10 @@ use crate::tokens::Tokenizer;
 /// How a server returns a prompt's logprobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scoring {
-    /// `/v1/completions` with `echo` and `logprobs` (vLLM, llama-cpp-python, `lmhost serve`).
+    /// `/v1/completions` with `echo` and `logprobs` (vLLM, llama-cpp-python).
     Echo,
-    /// SGLang's native `/generate` with `return_logprob` and `logprob_start_len`.
+    /// The native `/generate` with `return_logprob` and `logprob_start_len` (SGLang,
+    /// `lmhost serve`).
     SglangGenerate,
     /// None: OpenAI, llama.cpp's server.
     None,
@@ -31,8 +32,8 @@ impl Abilities {
     /// What a named flavor is known to offer, without asking.
     pub fn of(flavor: Flavor) -> Abilities {
         let (tokenizer, scoring) = match flavor {
-            Flavor::Vllm | Flavor::Lmhost => (Some(Tokenizer::Vllm), Scoring::Echo),
-            Flavor::Sglang => (Some(Tokenizer::Vllm), Scoring::SglangGenerate),
+            Flavor::Vllm => (Some(Tokenizer::Vllm), Scoring::Echo),
+            Flavor::Sglang | Flavor::Lmhost => (Some(Tokenizer::Vllm), Scoring::SglangGenerate),
             Flavor::LlamaCpp => (Some(Tokenizer::LlamaCpp), Scoring::None),
             Flavor::OpenAi => (None, Scoring::None),
         };
@@ -40,7 +41,8 @@ impl Abilities {
     }
 
     /// Asks the server: each tokenizer shape in turn, then an echo request on a short prompt.
-    /// `hint` (from `owned_by`) only chooses SGLang's native route, which answers no echo.
+    /// `hint` (from `owned_by`) only chooses the native `/generate` route of SGLang (which
+    /// answers no echo) and `lmhost serve` (whose prefix cache serves it, not an echo).
     pub fn probe(client: &Client, model: &str, hint: Flavor) -> Abilities {
         let tokenizer = [
             Tokenizer::Vllm,
@@ -52,7 +54,7 @@ impl Abilities {
             crate::tokens::tokenize(client, t, model, "Hello", true)
                 .is_ok_and(|r| !r.token_ids.is_empty())
         });
-        let scoring = if hint == Flavor::Sglang {
+        let scoring = if matches!(hint, Flavor::Sglang | Flavor::Lmhost) {
             Scoring::SglangGenerate
         } else if echoes(client, model) {
             Scoring::Echo
@@ -85,7 +87,7 @@ impl fmt::Display for Abilities {
         };
         let scoring = match self.scoring {
             Scoring::Echo => "/v1/completions echo",
-            Scoring::SglangGenerate => "SGLang /generate",
+            Scoring::SglangGenerate => "/generate (SGLang's shape)",
             Scoring::None => "unavailable",
         };
         write!(f, "tokenizer {tokenizer}, scoring {scoring}")

@@ -1,6 +1,6 @@
 //! Which server is on the other end. The OpenAI API is common ground, but the extras differ:
 //! `top_k` and token ids (vLLM, SGLang), prompt logprobs (vLLM's `echo`, SGLang's `/generate`,
-//! `lmhost serve`'s `echo`), a published chat template (llama.cpp, `lmhost serve`).
+//! `lmhost serve`'s `/generate`), a published chat template (llama.cpp, `lmhost serve`).
 
 use std::fmt;
 
@@ -45,6 +45,12 @@ impl Flavor {
     /// Takes `top_k` as an extra sampling parameter.
     pub fn takes_top_k(self) -> bool {
         self != Flavor::OpenAi
+    }
+
+    /// Scores a prompt given as token ids: vLLM's `/v1/completions`, SGLang's and
+    /// `lmhost serve`'s `/generate`.
+    pub fn takes_token_ids(self) -> bool {
+        matches!(self, Flavor::Vllm | Flavor::Sglang | Flavor::Lmhost)
     }
 
     /// Answers `return_tokens_as_token_ids` (vLLM's extension).

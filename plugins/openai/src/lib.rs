@@ -13,7 +13,8 @@
 //! Modules: [`client`] (blocking HTTP, retries, error kinds), [`cluster`] (many servers as one),
 //! [`flavor`] (which server),
 //! [`chat`] (generate's wire format), [`completion`] (generate from raw text), [`score`],
-//! [`tokens`] (the server's `/tokenize` and `/detokenize`). Prompts for scoring are rendered by
+//! [`tokens`] (the server's `/tokenize` and `/detokenize`), [`ids`] (the model's tokenizer
+//! here, to send ids). Prompts for scoring are rendered by
 //! `lmhost-plugin-kit`'s chat templates.
 
 pub mod abilities;
@@ -22,6 +23,7 @@ pub mod client;
 pub mod cluster;
 pub mod completion;
 pub mod flavor;
+pub mod ids;
 pub mod score;
 pub mod tokens;
 
@@ -35,6 +37,7 @@ use lmhost_plugin_api::{
 };
 use lmhost_plugin_kit::prompt::PromptFormat;
 use lmhost_plugin_kit::template::ChatTemplate;
+use lmhost_plugin_kit::text::ModelText;
 
 use abilities::{Abilities, Scoring};
 use client::{Client, ClientConfig};
@@ -49,6 +52,9 @@ pub struct OpenAi {
     model: String,
     /// How chat prompts are written for scoring (the server renders them for generation).
     format: PromptFormat,
+    /// The `tokenizer` option's: prompts are tokenized here and sent as ids where a server
+    /// takes them.
+    text: Option<ModelText>,
     logger: Logger,
 }
 
@@ -114,6 +120,12 @@ impl Backend for OpenAi {
                 "Most requests in flight to each server at once.",
             ),
             OptionSpec::new(
+                "tokenizer",
+                OptionKind::String,
+                Value::Null,
+                "The served model's tokenizer.json, model directory or GGUF: prompts are tokenized here and scored in one request, as ids, where the server takes them (vLLM, SGLang, lmhost serve).",
+            ),
+            OptionSpec::new(
                 "chat_template",
                 OptionKind::String,
                 Value::Null,
@@ -150,6 +162,15 @@ impl Backend for OpenAi {
             same_model(&endpoints[0], &endpoint, &model)?;
             endpoints.push(endpoint);
         }
+        let local = text("tokenizer")
+            .map(|t| ids::load(&t).map(|m| (t, m)))
+            .transpose()?;
+        if let Some((option, text)) = &local {
+            for endpoint in &endpoints {
+                ids::check(text, option, endpoint, &model)?;
+            }
+        }
+        let mut local = local.map(|(_, text)| text);
         let option = text("chat_template");
         // Only a server that can score needs the template: it renders chat for generation.
         let scores = endpoints
@@ -157,7 +178,8 @@ impl Backend for OpenAi {
             .any(|e| e.abilities.scoring != Scoring::None);
         let published = (option.is_none() && scores)
             .then(|| server_template(&endpoints[0].client, &context.logger))
-            .flatten();
+            .flatten()
+            .or_else(|| local.as_mut().and_then(|t| t.chat_template.take()));
         let format = PromptFormat::choose(option.as_deref(), published)?;
         let templated = if matches!(format, PromptFormat::None) {
             "no chat template (raw text only)"
@@ -165,8 +187,12 @@ impl Backend for OpenAi {
             "chat template found"
         };
         for endpoint in &endpoints {
+            let sent = match (&local, endpoint.flavor.takes_token_ids()) {
+                (Some(_), true) => "prompts sent as ids",
+                _ => "prompts sent as text",
+            };
             context.logger.info(&format!(
-                "{} server at {}, model `{model}`: {}; {templated}",
+                "{} server at {}, model `{model}`: {}; {templated}; {sent}",
                 endpoint.flavor,
                 endpoint.url(),
                 endpoint.abilities,
@@ -177,6 +203,7 @@ impl Backend for OpenAi {
             cluster: Cluster::new(endpoints, affinity, context.logger.clone()),
             model,
             format,
+            text: local,
             logger: context.logger.clone(),
         })
     }
@@ -290,13 +317,28 @@ impl Backend for OpenAi {
         })
     }
 
-    /// The server's own `/tokenize`, on the prompt as scoring writes it.
+    /// The prompt as scoring writes it, tokenized by the `tokenizer` option's tokenizer, else
+    /// by the server's own `/tokenize`.
     fn tokenize(
         &self,
         snapshot: &ConversationSnapshot,
         add_special: bool,
     ) -> Result<TokenizeRecord, PluginError> {
         let prompt = self.format.render(snapshot, &self.model)?;
+        if let Some(text) = &self.text {
+            let tokenizer = &text.tokenizer;
+            let failed = |e| PluginError::invalid_input(format!("option `tokenizer`: {e}"));
+            let ids = (tokenizer.encode(&prompt.text, add_special && prompt.add_special, true))
+                .map_err(failed)?;
+            let piece = |id: &u32| tokenizer.decode(std::slice::from_ref(id), false);
+            let pieces = ids.iter().map(piece).collect::<Result<Vec<_>, _>>();
+            let pieces = pieces
+                .map_err(failed)?
+                .into_iter()
+                .map(Into::into)
+                .collect();
+            return Ok(TokenizeRecord::text(ids, pieces));
+        }
         self.cluster.call(0, |endpoint| {
             tokens::tokenize(
                 &endpoint.client,
@@ -309,6 +351,10 @@ impl Backend for OpenAi {
     }
 
     fn detokenize(&self, ids: &[u32]) -> Result<String, PluginError> {
+        if let Some(text) = &self.text {
+            return (text.tokenizer.decode(ids, false))
+                .map_err(|e| PluginError::invalid_input(format!("option `tokenizer`: {e}")));
+        }
         self.cluster.call(0, |endpoint| {
             let tokenizer = tokenizer(endpoint, "detokenize")?;
             tokens::detokenize(&endpoint.client, tokenizer, &self.model, ids)
@@ -371,6 +417,9 @@ impl OpenAi {
             abilities: endpoint.abilities,
             format: &self.format,
             model: &self.model,
+            ids: (self.text.as_ref())
+                .filter(|_| endpoint.flavor.takes_token_ids())
+                .map(|t| &t.tokenizer),
         };
         let record = scorer.score(snapshot, reply)?;
         endpoint.account(record.prompt_tokens, record.cached_prompt_tokens, 0);
@@ -501,9 +550,6 @@ fn open_endpoint(
     Ok(Endpoint::new(client, flavor, abilities))
 }
 
-/// Text whose tokens tell tokenizers apart: words, digits, an accent, spaces and a symbol.
-const TOKENIZER_PROBE: &str = "lmhost checks its endpoints: 12345 crème brûlée  ->  ok";
-
 /// `other` must serve `model` as `first` does: listed in its `/models`, and, where both have a
 /// tokenizer endpoint, tokenizing the same text into the same ids.
 fn same_model(first: &Endpoint, other: &Endpoint, model: &str) -> Result<(), PluginError> {
@@ -527,7 +573,7 @@ fn same_model(first: &Endpoint, other: &Endpoint, model: &str) -> Result<(), Plu
         return Ok(());
     };
     let ids = |endpoint: &Endpoint, tokenizer| {
-        tokens::tokenize(&endpoint.client, tokenizer, model, TOKENIZER_PROBE, false)
+        tokens::tokenize(&endpoint.client, tokenizer, model, ids::PROBE, false)
             .map(|r| r.token_ids.to_vec())
     };
     let (theirs, ours) = (ids(other, b)?, ids(first, a)?);

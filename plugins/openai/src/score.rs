@@ -2,19 +2,24 @@
 //! found by tokens, never by text offsets (servers count offsets in characters or bytes, of
 //! texts that may leave special tokens out, or of `token_id:N` strings).
 //!
-//! - Echo (vLLM, llama-cpp-python, `lmhost serve`): the server's own tokenizer gives the
-//!   prompt's and prompt + reply's tokens (the first must be a prefix of the second); then
-//!   `/v1/completions` with `echo` and `logprobs` on prompt + reply, whose echoed tokens past the
-//!   prompt's are the reply's. Without a tokenizer endpoint, a prompt-only echo request counts
-//!   the prompt's tokens.
-//! - SGLang: native `/generate` with `return_logprob` and `logprob_start_len` = the prompt's
-//!   length in tokens (learned from a first, generation-free call on the prompt alone, which also
-//!   warms SGLang's prefix cache for the second), so only the reply's logprobs are computed.
+//! - Echo (vLLM, llama-cpp-python): the server's own tokenizer gives the prompt's and prompt +
+//!   reply's tokens (the first must be a prefix of the second); then `/v1/completions` with
+//!   `echo` and `logprobs` on prompt + reply, whose echoed tokens past the prompt's are the
+//!   reply's. Without a tokenizer endpoint, a prompt-only echo request counts the prompt's
+//!   tokens.
+//! - SGLang and `lmhost serve`: native `/generate` with `return_logprob` and
+//!   `logprob_start_len` = the prompt's length in tokens (learned from a first, generation-free
+//!   call on the prompt alone, which also warms SGLang's prefix cache for the second), so only
+//!   the reply's logprobs are computed and the server's prefix cache serves the prompt.
+//! - Token ids (the `tokenizer` option, servers that take them): prompt and prompt + reply
+//!   tokenized here, one request: SGLang's and `lmhost serve`'s `/generate` with `input_ids`
+//!   and `logprob_start_len`, or vLLM's echo of the ids.
 //! - OpenAI and llama.cpp's server return no prompt logprobs: `Unsupported`, naming the server.
 
 use lmhost_plugin_api::serde_json::{json, Value};
 use lmhost_plugin_api::{ConversationSnapshot, PluginError, ScoreRecord};
 use lmhost_plugin_kit::prompt::{Prompt, PromptFormat};
+use lmhost_plugin_kit::tokenizer::TextTokenizer;
 
 use crate::abilities::{Abilities, Scoring};
 use crate::chat::{short, token_id, UNKNOWN_TOKEN};
@@ -27,6 +32,8 @@ pub struct Scorer<'a> {
     pub abilities: Abilities,
     pub format: &'a PromptFormat,
     pub model: &'a str,
+    /// The model's tokenizer, where the server takes ids.
+    pub ids: Option<&'a TextTokenizer>,
 }
 
 impl Scorer<'_> {
@@ -45,15 +52,117 @@ impl Scorer<'_> {
         }
         // Chat prompts are written here with the model's template; raw text needs none.
         let prompt = self.format.render(snapshot, self.model)?;
-        let record = match self.abilities.scoring {
-            Scoring::SglangGenerate => self.sglang(&prompt.text, reply)?,
-            _ => self.echo(&prompt, reply)?,
+        let record = match (self.ids, self.abilities.scoring) {
+            (Some(tokenizer), _) => self.by_ids(tokenizer, &prompt, reply)?,
+            (None, Scoring::SglangGenerate) => self.sglang(&prompt.text, reply)?,
+            (None, _) => self.echo(&prompt, reply)?,
         };
         if record.token_ids.is_empty() && !reply.is_empty() {
             return Err(PluginError::unavailable(format!(
                 "the server at {} gave the non-empty reply {reply:?} no tokens to score",
                 self.client.base_url()
             )));
+        }
+        Ok(record)
+    }
+
+    /// The reply's logprobs from one request of prompt + reply as ids: what follows
+    /// `logprob_start_len` on `/generate`, or the echo's last tokens.
+    fn by_ids(
+        &self,
+        tokenizer: &TextTokenizer,
+        rendered: &Prompt,
+        reply: &str,
+    ) -> Result<ScoreRecord, PluginError> {
+        let encode = |text: &str| {
+            (tokenizer.encode(text, rendered.add_special, true))
+                .map_err(|e| PluginError::invalid_input(format!("option `tokenizer`: {e}")))
+        };
+        let mut head = encode(&rendered.text)?;
+        let whole = encode(&format!("{}{reply}", rendered.text))?;
+        if !whole.starts_with(&head) {
+            return Err(split_token(reply, "the `tokenizer` option's tokenizer"));
+        }
+        let reply_ids = whole[head.len()..].to_vec();
+        let reply_ids = reply_ids.as_slice();
+        // An empty raw prompt starts from the model's BOS, as a local backend scores it.
+        let whole =
+            match (head.is_empty(), tokenizer.bos_id()) {
+                (false, _) => whole,
+                (true, Some(bos)) if rendered.add_special => {
+                    head.push(bos);
+                    [head.as_slice(), reply_ids].concat()
+                }
+                (true, _) => return Err(PluginError::invalid_input(
+                    "the prompt is empty (0 tokens, and the model has no BOS token to start from)",
+                )),
+            };
+        let record = match self.abilities.scoring {
+            Scoring::SglangGenerate => {
+                let body = json!({
+                    "input_ids": whole,
+                    "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                    "return_logprob": true,
+                    "logprob_start_len": head.len(),
+                });
+                let answer = self.client.post_root("/generate", &body)?;
+                let url = format!("{}/generate", self.client.root_url());
+                sglang_record(&answer, head.len() as u32, &url)?
+            }
+            _ => self.echo_ids(&whole, head.len())?,
+        };
+        if record.token_ids.as_slice() != reply_ids {
+            return Err(PluginError::unavailable(format!(
+                "the server at {} scored the reply's tokens as {:?}, not the {reply_ids:?}                  sent",
+                self.client.root_url(),
+                record.token_ids.as_slice()
+            )));
+        }
+        Ok(record)
+    }
+
+    /// The logprobs of `ids[start..]` from vLLM's echo of `ids`.
+    fn echo_ids(&self, ids: &[u32], start: usize) -> Result<ScoreRecord, PluginError> {
+        let body = json!({
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "echo": true,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": true,
+        });
+        let answer = self.client.post("/completions", &body)?;
+        let url = format!("{}/completions", self.client.base_url());
+        let (echoed, logprobs, tokens) = self.echoed(&answer)?;
+        if echoed != ids.len() {
+            return Err(missing(
+                &url,
+                &format!("the {} prompt ids sent, echoed", ids.len()),
+                &answer,
+            ));
+        }
+        let mut record = ScoreRecord {
+            token_ids: Default::default(),
+            logprobs: Default::default(),
+            prompt_tokens: start as u32,
+            cached_prompt_tokens: usage(&answer, "/usage/prompt_tokens_details/cached_tokens"),
+        };
+        for i in start..echoed {
+            let logprob = logprobs.get(i).and_then(Value::as_f64).ok_or_else(|| {
+                missing(
+                    &url,
+                    &format!("a number logprob for echoed token {i}"),
+                    &answer,
+                )
+            })?;
+            let named = token_id(tokens.get(i));
+            record.token_ids.push(if named == UNKNOWN_TOKEN {
+                ids[i]
+            } else {
+                named
+            });
+            record.logprobs.push(logprob as f32);
         }
         Ok(record)
     }
@@ -71,13 +180,8 @@ impl Scorer<'_> {
                 };
                 let (head, mut ids) = (count(prompt)?, count(&whole)?);
                 if !ids.starts_with(&head) {
-                    return Err(PluginError::invalid_input(format!(
-                        "the server at {} tokenizes the prompt's end and the reply's start into \
-                         one token (the prompt's tokens are not a prefix of prompt + reply's), so \
-                         the reply's tokens are not its own; end the prompt at a token boundary. \
-                         Reply: {reply:?}",
-                        self.client.root_url()
-                    )));
+                    let server = format!("the server at {}", self.client.root_url());
+                    return Err(split_token(reply, &server));
                 }
                 (head.len(), Some(ids.split_off(head.len())))
             }
@@ -201,6 +305,15 @@ impl Scorer<'_> {
         let answer = self.client.post_root("/generate", &body)?;
         sglang_record(&answer, prompt_tokens as u32, &url)
     }
+}
+
+/// The error for a prompt whose last token runs on into the reply.
+fn split_token(reply: &str, tokenizer: &str) -> PluginError {
+    PluginError::invalid_input(format!(
+        "{tokenizer} tokenizes the prompt's end and the reply's start into one token (the \
+         prompt's tokens are not a prefix of prompt + reply's), so the reply's tokens are not \
+         its own; end the prompt at a token boundary. Reply: {reply:?}"
+    ))
 }
 
 fn usage(answer: &Value, pointer: &str) -> u32 {
