@@ -1,8 +1,9 @@
 //! The `openai` backend against a real OpenAI-compatible engine: llama-cpp-python's server
 //! (llama.cpp inside) serving the SmolLM2 GGUF on a loopback port. `scripts/setup-llama-cpp`
 //! installs it into `.venv` (the test command runs it). Checks generation logprobs, scoring by
-//! the server's own tokens, and `lmhost explain` through the engine against the candle backend
-//! on the same quantized weights.
+//! the server's own tokens, and `lmhost explain` through the engine, and through a cluster of
+//! the engine and `lmhost serve`, against the candle backend on the same quantized weights;
+//! and prompts sent as token ids (the `tokenizer` option) to `lmhost serve` on that model.
 
 mod common;
 
@@ -13,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::open;
-use lmhost::{ConversationSnapshot, GenerationConfig};
+use common::{open, TestServer};
+use lmhost::{Config, ConversationSnapshot, GenerationConfig};
 use lmhost_plugin_api::{Message, Role};
 use lmhost_plugin_kit::template::{ChatMessage, ChatTemplate};
 use serde_json::{json, Value};
@@ -253,4 +254,148 @@ fn explain_through_the_engine_agrees_with_candle_on_the_same_weights() {
         let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
         assert!((x - y).abs() < 0.75, "{key}: {x} / {y}");
     }
+}
+
+/// `lmhost serve` on candle over the SmolLM2 GGUF, serving it as [`MODEL`].
+fn candle_server(weights: &str) -> TestServer {
+    let config = format!(
+        "[backend]\nkind = \"candle\"\nmodel_id = \"{}\"\n[backend.options]\nweights = \"{weights}\"\n",
+        gguf().display()
+    );
+    TestServer::start(&config, |o| o.model_name = MODEL.into())
+}
+
+/// How many `/generate` requests `server` answered.
+fn generate_requests(server: &TestServer) -> f64 {
+    let name = "lmhost_requests_total{route=\"/generate\",status=\"200\"} ";
+    let text = common::get(&server.url("/metrics")).body;
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.parse().ok());
+    count.unwrap_or(0.0)
+}
+
+/// A cluster of two engines of different make on one file (`lmhost serve` on candle with the
+/// `tokenizer` option, so it gets ids, and llama-cpp-python, which gets text) explains as
+/// candle alone does, within the engine test's tolerance (see the test above: each prompt is
+/// scored by one of the two quantized matmul paths, so the values lie between theirs).
+#[test]
+fn a_cluster_of_lmhost_serve_and_the_engine_agrees_with_candle() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path());
+    let server = candle_server("as_stored");
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "[backend]\nkind = \"openai\"\nmodel_id = \"{MODEL}\"\n[backend.options]\n\
+             base_urls = [\"{}\", \"{}/v1\"]\nchat_template = \"{}\"\ntokenizer = \"{}\"\n\
+             concurrency = 2\n",
+            server.url("/v1"),
+            engine.url,
+            template_file(dir.path()).display(),
+            gguf().display()
+        ),
+    )
+    .unwrap();
+    let local = dir.path().join("candle.toml");
+    std::fs::write(
+        &local,
+        format!(
+            "[backend]\nkind = \"candle\"\nmodel_id = \"{}\"\n[backend.options]\nweights = \"as_stored\"\n",
+            gguf().display()
+        ),
+    )
+    .unwrap();
+    let conversation = dir.path().join("conversation.json");
+    let messages = json!({"messages": [
+        {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+        {"role": "user", "content": "The museum opens at 9 am on Saturdays."},
+        {"role": "user", "content": "Das Café öffnet um 8 Uhr."},
+        {"role": "user", "content": "When does the museum open on Saturday?"}
+    ]});
+    std::fs::write(&conversation, messages.to_string()).unwrap();
+    let reply = "The museum opens at 9 am on Saturday.";
+    let a = explain(&cluster, &conversation, reply, &dir.path().join("a.json"));
+    let b = explain(&local, &conversation, reply, &dir.path().join("b.json"));
+    let (va, vb) = (values(&a), values(&b));
+    for (x, y) in va.iter().zip(&vb) {
+        assert!((x - y).abs() < 0.75, "{va:?} / {vb:?}");
+    }
+    common::assert_same_order(&va, &vb, 0.75);
+    // Both endpoints scored: lmhost serve one request per prompt, the engine the rest.
+    let prompts = 1 << va.len();
+    let served = generate_requests(&server);
+    assert!(
+        served >= 1.0 && served < prompts as f64,
+        "{served} of {prompts}"
+    );
+}
+
+/// Prompts sent as ids score as text does, in one request each where text takes two; a
+/// tokenizer other than the served model's is refused on first contact, naming the server.
+#[test]
+fn token_ids_score_as_text_in_one_request_and_a_wrong_tokenizer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = candle_server("auto");
+    let config = |options: &str| {
+        format!(
+            "[backend]\nkind = \"openai\"\nmodel_id = \"{MODEL}\"\n[backend.options]\n\
+             base_url = \"{}\"\nchat_template = \"{}\"\n{options}\n",
+            server.url("/v1"),
+            template_file(dir.path()).display(),
+        )
+    };
+    let prompts: Vec<ConversationSnapshot> = ["What is the capital of France?", "Name a colour."]
+        .into_iter()
+        .map(conversation)
+        .collect();
+    let reply = "Paris, the capital, is lovely.";
+    let score = |options: &str| {
+        let before = generate_requests(&server);
+        let records = open(&config(options)).score_batch(&prompts, reply).unwrap();
+        (records, generate_requests(&server) - before)
+    };
+    let (text, text_requests) = score("");
+    let tokenizer = format!("tokenizer = \"{}\"", gguf().display());
+    let (ids, id_requests) = score(&tokenizer);
+    assert_eq!((text_requests, id_requests), (4.0, 2.0));
+    // vLLM's shape: the ids echoed on /v1/completions, the reply's tokens read off its end.
+    let vllm = open(&config(&format!("{tokenizer}\nflavor = \"vllm\"")));
+    let echoed = vllm.score_batch(&prompts, reply).unwrap();
+    for ((t, i), e) in text.iter().zip(&ids).zip(&echoed) {
+        assert_eq!(t.token_ids, i.token_ids);
+        assert_eq!(t.token_ids, e.token_ids);
+        // The same backend scores each; only where the prompt's rows came from (its prefix
+        // cache, or computed with the reply) differs, which moves f32 roundings.
+        for (a, b) in t
+            .logprobs
+            .iter()
+            .zip(&i.logprobs)
+            .chain(t.logprobs.iter().zip(&e.logprobs))
+        {
+            assert!(
+                (a - b).abs() < 1e-3,
+                "{:?} / {:?} / {:?}",
+                t.logprobs,
+                i.logprobs,
+                e.logprobs
+            );
+        }
+    }
+    let other = repo().join("models/gemma3-270m/gemma-3-270m-q4_k_m.gguf");
+    let config = Config::parse(
+        &config(&format!("tokenizer = \"{}\"", other.display())),
+        Path::new("c.toml"),
+    )
+    .unwrap();
+    let err = common::host()
+        .open(&config)
+        .err()
+        .expect("a wrong tokenizer is refused");
+    let err = err.to_string();
+    assert!(
+        err.contains("option `tokenizer`") && err.contains(&server.url("/v1")),
+        "{err}"
+    );
 }
