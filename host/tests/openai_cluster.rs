@@ -1,6 +1,7 @@
 //! The `openai` plugin over several `lmhost serve` endpoints (`base_urls`) on loopback, each
 //! running mock: the same values as one endpoint, prompts spread by shared prefix, a server
-//! shut down midway leaving its prompts to the others, and the settings a cluster refuses.
+//! shut down midway leaving its prompts to the others, `lmhost explain` over three server
+//! processes one of which is SIGKILLed, and the settings a cluster refuses.
 
 mod common;
 
@@ -55,7 +56,9 @@ fn logprobs(records: &[ScoreRecord]) -> Vec<Vec<f32>> {
 fn scored(server: &TestServer) -> f64 {
     let name = "lmhost_requests_total{route=\"/generate\",status=\"200\"} ";
     let text = common::get(&server.url("/metrics")).body;
-    let count = text.lines().find_map(|l| l.strip_prefix(name)?.parse().ok());
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.parse().ok());
     count.unwrap_or(0.0) / 2.0
 }
 
@@ -154,4 +157,130 @@ fn settings_a_cluster_cannot_work_with_are_refused_naming_the_endpoint() {
         let err = refused(text);
         assert!(err.contains(says), "{err} should say {says}");
     }
+}
+
+/// An `lmhost serve` process on a free port, killed when dropped.
+struct ServeProcess {
+    child: std::process::Child,
+    url: String,
+}
+
+impl ServeProcess {
+    fn start(config: &std::path::Path) -> ServeProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_lmhost"))
+            .args(["-q", "serve", "--config"])
+            .arg(config)
+            .args(["--port", &port.to_string(), "--workers", "4"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let started = std::time::Instant::now();
+        while ureq::get(&format!("{url}/health")).call().is_err() {
+            assert!(started.elapsed().as_secs() < 30, "{url} did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        ServeProcess { child, url }
+    }
+
+    fn scored(&self) -> f64 {
+        let name = "lmhost_requests_total{route=\"/generate\",status=\"200\"} ";
+        let text = common::get(&format!("{}/metrics", self.url)).body;
+        let count = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.parse().ok());
+        count.unwrap_or(0.0) / 2.0
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `lmhost explain` over three `lmhost serve` processes, one SIGKILLed midway: the run
+/// completes with the values one endpoint gives, and its log names the endpoint that went down.
+#[test]
+fn explain_survives_an_endpoint_killed_midway_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = dir.path().join("mock.toml");
+    std::fs::write(&mock, common::mock_config(60)).unwrap();
+    let servers: Vec<ServeProcess> = (0..3).map(|_| ServeProcess::start(&mock)).collect();
+    let urls: Vec<String> = servers.iter().map(|s| format!("{}/v1", s.url)).collect();
+    let conversation = dir.path().join("conversation.json");
+    let messages: Vec<serde_json::Value> = [
+        "red green",
+        "blue red",
+        "green blue",
+        "red red",
+        "blue green",
+    ]
+    .iter()
+    .map(|text| serde_json::json!({"role": "user", "content": text}))
+    .collect();
+    std::fs::write(
+        &conversation,
+        serde_json::json!({ "messages": messages }).to_string(),
+    )
+    .unwrap();
+    let explain = |urls: &[String], name: &str| {
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&config, self::config(urls, &dir, "")).unwrap();
+        let json = dir.path().join(format!("{name}.json"));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_lmhost"))
+            .args([
+                "explain",
+                "--estimator",
+                "exact",
+                "--reply",
+                "red blue",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--config")
+            .arg(&config)
+            .arg("--conversation")
+            .arg(&conversation)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, json)
+    };
+    let (alone, json) = explain(&urls[..1], "alone");
+    let output = alone.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let want =
+        common::values(&serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap());
+
+    let before = servers[1].scored();
+    let (run, json) = explain(&urls, "cluster");
+    let started = std::time::Instant::now();
+    while servers[1].scored() < before + 1.0 && started.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut servers = servers;
+    let mut victim = servers.remove(1);
+    victim.child.kill().unwrap(); // SIGKILL: in-flight requests die with it
+    let output = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let got =
+        common::values(&serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap());
+    assert_eq!(got, want, "no value lost or changed");
+    assert!(
+        stderr.contains(&format!("endpoint {}/v1 is down", victim.url)),
+        "{stderr}"
+    );
 }
