@@ -153,9 +153,23 @@ fn settings_a_cluster_cannot_work_with_are_refused_naming_the_endpoint() {
             ),
         ),
     ];
+    // Nothing listens on a port just freed.
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/v1", listener.local_addr().unwrap())
+    };
+    let down = format!("cannot reach {dead}/models");
+    let cases = cases.into_iter().chain([(
+        config(&[url.clone(), dead.clone()], &dir, ""),
+        down.as_str(),
+    )]);
     for (text, says) in cases {
         let err = refused(text);
         assert!(err.contains(says), "{err} should say {says}");
+        assert!(
+            !says.starts_with("cannot reach") || err.contains("start the server"),
+            "{err}"
+        );
     }
 }
 

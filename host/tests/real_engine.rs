@@ -275,24 +275,29 @@ fn generate_requests(server: &TestServer) -> f64 {
     count.unwrap_or(0.0)
 }
 
-/// A cluster of two engines of different make on one file (`lmhost serve` on candle with the
-/// `tokenizer` option, so it gets ids, and llama-cpp-python, which gets text) explains as
-/// candle alone does, within the engine test's tolerance (see the test above: each prompt is
-/// scored by one of the two quantized matmul paths, so the values lie between theirs).
+/// A cluster of engines of two makes on one file (`lmhost serve` on candle with the
+/// `tokenizer` option, so it gets ids, and two llama-cpp-python servers, which get text)
+/// explains as candle alone does, within the engine test's tolerance (see the test above: each
+/// prompt is scored by one of the two quantized matmul paths, so the values lie between
+/// theirs), with the same ranking.
 #[test]
-fn a_cluster_of_lmhost_serve_and_the_engine_agrees_with_candle() {
+fn a_cluster_of_lmhost_serve_and_two_engines_agrees_with_candle() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::start(dir.path());
+    let second = dir.path().join("second");
+    std::fs::create_dir(&second).unwrap();
+    let other = Engine::start(&second);
     let server = candle_server("as_stored");
     let cluster = dir.path().join("cluster.toml");
     std::fs::write(
         &cluster,
         format!(
             "[backend]\nkind = \"openai\"\nmodel_id = \"{MODEL}\"\n[backend.options]\n\
-             base_urls = [\"{}\", \"{}/v1\"]\nchat_template = \"{}\"\ntokenizer = \"{}\"\n\
-             concurrency = 2\n",
+             base_urls = [\"{}\", \"{}/v1\", \"{}/v1\"]\nchat_template = \"{}\"\n\
+             tokenizer = \"{}\"\nconcurrency = 2\n",
             server.url("/v1"),
             engine.url,
+            other.url,
             template_file(dir.path()).display(),
             gguf().display()
         ),
@@ -323,7 +328,7 @@ fn a_cluster_of_lmhost_serve_and_the_engine_agrees_with_candle() {
         assert!((x - y).abs() < 0.75, "{va:?} / {vb:?}");
     }
     common::assert_same_order(&va, &vb, 0.75);
-    // Both endpoints scored: lmhost serve one request per prompt, the engine the rest.
+    // lmhost serve scored some prompts (one request each), the engines the rest.
     let prompts = 1 << va.len();
     let served = generate_requests(&server);
     assert!(

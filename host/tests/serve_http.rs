@@ -843,14 +843,22 @@ fn generate_scores_from_the_start_position_and_names_bad_fields() {
     let want = local
         .score(&ConversationSnapshot::raw("red green "), "blue red")
         .unwrap();
-    let got: Vec<f32> = entries.iter().map(|e| e[0].as_f64().unwrap() as f32).collect();
+    let got: Vec<f32> = entries
+        .iter()
+        .map(|e| e[0].as_f64().unwrap() as f32)
+        .collect();
     assert_eq!(got, want.logprobs.as_slice());
-    let ids: Vec<u32> = entries.iter().map(|e| e[1].as_u64().unwrap() as u32).collect();
+    let ids: Vec<u32> = entries
+        .iter()
+        .map(|e| e[1].as_u64().unwrap() as u32)
+        .collect();
     assert_eq!(ids, want.token_ids.as_slice());
     // From 0: the first token has no logprob; without `return_logprob`, the count alone.
     let from_zero = json!({"text": text, "return_logprob": true, "logprob_start_len": 0});
     let answer = post(&url, &from_zero.to_string()).json();
-    let entries = answer["meta_info"]["input_token_logprobs"].as_array().unwrap();
+    let entries = answer["meta_info"]["input_token_logprobs"]
+        .as_array()
+        .unwrap();
     assert_eq!(entries.len(), 4);
     assert_eq!(entries[0][0], Value::Null);
     let count = post(&url, &json!({"text": text}).to_string()).json();
@@ -868,7 +876,10 @@ fn generate_scores_from_the_start_position_and_names_bad_fields() {
         ),
         (json!({"text": "", "return_logprob": true}), "text"),
         // mock's ids are hashes: it cannot read ids back into text, and says so.
-        (json!({"input_ids": [1, 2, 3], "return_logprob": true}), "model"),
+        (
+            json!({"input_ids": [1, 2, 3], "return_logprob": true}),
+            "model",
+        ),
         (json!({"text": text, "stream": true}), ""),
     ];
     for (body, param) in refused {

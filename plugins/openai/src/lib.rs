@@ -31,9 +31,9 @@ use std::time::Duration;
 
 use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{
-    Backend, BackendStats, Capabilities, ConversationSnapshot, GenerationConfig, GenerationRecord,
-    Logger, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord, TokenDelta,
-    TokenizeRecord,
+    Backend, BackendStats, Capabilities, ConversationSnapshot, ErrorKind, GenerationConfig,
+    GenerationRecord, Logger, OptionKind, OptionSpec, PluginContext, PluginError, ScoreRecord,
+    TokenDelta, TokenizeRecord,
 };
 use lmhost_plugin_kit::prompt::PromptFormat;
 use lmhost_plugin_kit::template::ChatTemplate;
@@ -532,7 +532,13 @@ fn open_endpoint(
         return Ok(Endpoint::new(client, flavor, Abilities::of(flavor)));
     }
     let url = format!("{}/models", client.base_url());
-    let models = client.get(&url)?;
+    let models = client.get(&url).map_err(|e| match e.kind {
+        ErrorKind::BackendUnavailable => PluginError::unavailable(format!(
+            "{}; start the server there, or take its URL out of `base_url`/`base_urls`",
+            e.message
+        )),
+        _ => e,
+    })?;
     if model.is_empty() {
         *model = (models.pointer("/data/0/id").and_then(Value::as_str))
             .ok_or_else(|| {
