@@ -105,7 +105,12 @@ fn score(
             let pieces = record.pieces.into_iter().map(String::from).collect();
             (record.token_ids.into_vec(), Some((text, pieces)), "text")
         }
-        Input::Ids(ids) => (ids, None, "input_ids"),
+        Input::Ids(ids) => {
+            // Ids the model reads back into text, or a 400 naming the one outside its
+            // vocabulary (also where only their count is asked for).
+            (backend.detokenize(&ids)).map_err(|e| ApiError::from(e).about("input_ids"))?;
+            (ids, None, "input_ids")
+        }
     };
     let n = ids.len();
     if n == 0 {

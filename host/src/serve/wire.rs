@@ -209,7 +209,7 @@ pub struct MetaInfo {
     /// `[logprob, token_id, null]` for each prompt token from `logprob_start_len` on; the
     /// first token of a prompt has no logprob (`null`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Vec<Vec<Object>>>)]
+    #[schema(value_type = Option<Vec<Vec<Value>>>)]
     pub input_token_logprobs: Option<Vec<(Option<f32>, u32, Option<String>)>>,
 }
 
