@@ -8,11 +8,8 @@ use axum::Json;
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::state::Shared;
-use super::wire::{GenerateRequest, Generated, MetaInfo};
+use super::wire::{GenerateRequest, Generated, LogprobEntry as Entry, MetaInfo};
 use crate::{Backend, ConversationSnapshot};
-
-/// One logprob entry: `[logprob, token_id, text]` (the text is left out).
-type Entry = (Option<f32>, u32, Option<String>);
 
 /// Scores a prompt given as `text` or `input_ids`; generates nothing.
 #[utoipa::path(post, path = "/generate", request_body = GenerateRequest,

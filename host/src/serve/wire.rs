@@ -210,8 +210,11 @@ pub struct MetaInfo {
     /// first token of a prompt has no logprob (`null`).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Vec<Value>>>)]
-    pub input_token_logprobs: Option<Vec<(Option<f32>, u32, Option<String>)>>,
+    pub input_token_logprobs: Option<Vec<LogprobEntry>>,
 }
+
+/// `[logprob, token_id, text]`; the text is left out (`null`).
+pub type LogprobEntry = (Option<f32>, u32, Option<String>);
 
 /// `POST /v1/embeddings`.
 #[derive(Debug, Deserialize, ToSchema)]

@@ -148,7 +148,7 @@ impl Scorer<'_> {
             prompt_tokens: start as u32,
             cached_prompt_tokens: usage(&answer, "/usage/prompt_tokens_details/cached_tokens"),
         };
-        for i in start..echoed {
+        for (i, &id) in ids.iter().enumerate().skip(start) {
             let logprob = logprobs.get(i).and_then(Value::as_f64).ok_or_else(|| {
                 missing(
                     &url,
@@ -157,11 +157,9 @@ impl Scorer<'_> {
                 )
             })?;
             let named = token_id(tokens.get(i));
-            record.token_ids.push(if named == UNKNOWN_TOKEN {
-                ids[i]
-            } else {
-                named
-            });
+            record
+                .token_ids
+                .push(if named == UNKNOWN_TOKEN { id } else { named });
             record.logprobs.push(logprob as f32);
         }
         Ok(record)
