@@ -54,12 +54,7 @@ fn logprobs(records: &[ScoreRecord]) -> Vec<Vec<f32>> {
 
 /// Prompts an endpoint scored: `/generate` twice each (the prompt's length, then its score).
 fn scored(server: &TestServer) -> f64 {
-    let name = "lmhost_requests_total{route=\"/generate\",status=\"200\"} ";
-    let text = common::get(&server.url("/metrics")).body;
-    let count = text
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.parse().ok());
-    count.unwrap_or(0.0) / 2.0
+    common::answered(&server.url(""), "/generate") / 2.0
 }
 
 #[test]
@@ -203,12 +198,7 @@ impl ServeProcess {
     }
 
     fn scored(&self) -> f64 {
-        let name = "lmhost_requests_total{route=\"/generate\",status=\"200\"} ";
-        let text = common::get(&format!("{}/metrics", self.url)).body;
-        let count = text
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.parse().ok());
-        count.unwrap_or(0.0) / 2.0
+        common::answered(&self.url, "/generate") / 2.0
     }
 }
 

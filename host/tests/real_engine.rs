@@ -213,19 +213,25 @@ fn explain(config: &Path, conversation: &Path, reply: &str, out: &Path) -> Value
     explain_json::<&std::ffi::OsStr>(out, &args)
 }
 
-/// Exact Shapley through the engine agrees with the candle backend on the same Q4_1 weights
-/// (`weights = "as_stored"`): values within 0.75 nats (measured: 0.28, on a spread of 27 nats;
-/// the two quantized matmul paths round differently) and the same order of every pair of
-/// players further apart than that. The engine's build is portable (no native flags) and
-/// candle's quantized kernels pick their instructions by CPU, which moves single roundings
-/// of 8-bit activations, not the spread: the bound holds with 2.7x to spare.
+/// Exact Shapley through the engine agrees with the candle backend on the same Q4_1 weights.
 #[test]
 fn explain_through_the_engine_agrees_with_candle_on_the_same_weights() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::start(dir.path());
     let remote = dir.path().join("openai.toml");
     std::fs::write(&remote, openai_config(&engine, dir.path())).unwrap();
-    let local = dir.path().join("candle.toml");
+    assert_agrees_with_candle(dir.path(), &remote);
+}
+
+/// Explains a four-message conversation through the backend `remote` configures and through
+/// candle on the same Q4_1 weights (`weights = "as_stored"`): values within 0.75 nats
+/// (measured through the engine: 0.28, on a spread of 27 nats; the two quantized matmul paths
+/// round differently) and the same order of every pair of players further apart than that.
+/// The engine's build is portable (no native flags) and candle's quantized kernels pick their
+/// instructions by CPU, which moves single roundings of 8-bit activations, not the spread: the
+/// bound holds with 2.7x to spare. Returns the number of players.
+fn assert_agrees_with_candle(dir: &Path, remote: &Path) -> usize {
+    let local = dir.join("candle.toml");
     std::fs::write(
         &local,
         format!(
@@ -234,7 +240,7 @@ fn explain_through_the_engine_agrees_with_candle_on_the_same_weights() {
         ),
     )
     .unwrap();
-    let conversation = dir.path().join("conversation.json");
+    let conversation = dir.join("conversation.json");
     let messages = json!({"messages": [
         {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
         {"role": "user", "content": "The museum opens at 9 am on Saturdays."},
@@ -243,8 +249,8 @@ fn explain_through_the_engine_agrees_with_candle_on_the_same_weights() {
     ]});
     std::fs::write(&conversation, messages.to_string()).unwrap();
     let reply = "The museum opens at 9 am on Saturday.";
-    let a = explain(&remote, &conversation, reply, &dir.path().join("a.json"));
-    let b = explain(&local, &conversation, reply, &dir.path().join("b.json"));
+    let a = explain(remote, &conversation, reply, &dir.join("a.json"));
+    let b = explain(&local, &conversation, reply, &dir.join("b.json"));
     let (va, vb) = (values(&a), values(&b));
     for (x, y) in va.iter().zip(&vb) {
         assert!((x - y).abs() < 0.75, "{va:?} / {vb:?}");
@@ -254,6 +260,7 @@ fn explain_through_the_engine_agrees_with_candle_on_the_same_weights() {
         let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
         assert!((x - y).abs() < 0.75, "{key}: {x} / {y}");
     }
+    va.len()
 }
 
 /// `lmhost serve` on candle over the SmolLM2 GGUF, serving it as [`MODEL`].
@@ -267,19 +274,13 @@ fn candle_server(weights: &str) -> TestServer {
 
 /// How many `/generate` requests `server` answered.
 fn generate_requests(server: &TestServer) -> f64 {
-    let name = "lmhost_requests_total{route=\"/generate\",status=\"200\"} ";
-    let text = common::get(&server.url("/metrics")).body;
-    let count = text
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.parse().ok());
-    count.unwrap_or(0.0)
+    common::answered(&server.url(""), "/generate")
 }
 
 /// A cluster of engines of two makes on one file (`lmhost serve` on candle with the
 /// `tokenizer` option, so it gets ids, and two llama-cpp-python servers, which get text)
-/// explains as candle alone does, within the engine test's tolerance (see the test above: each
-/// prompt is scored by one of the two quantized matmul paths, so the values lie between
-/// theirs), with the same ranking.
+/// explains as candle alone does, within the engine's tolerance (each prompt is scored by one
+/// of the two quantized matmul paths, so the values lie between theirs), with the same ranking.
 #[test]
 fn a_cluster_of_lmhost_serve_and_two_engines_agrees_with_candle() {
     let dir = tempfile::tempdir().unwrap();
@@ -303,33 +304,9 @@ fn a_cluster_of_lmhost_serve_and_two_engines_agrees_with_candle() {
         ),
     )
     .unwrap();
-    let local = dir.path().join("candle.toml");
-    std::fs::write(
-        &local,
-        format!(
-            "[backend]\nkind = \"candle\"\nmodel_id = \"{}\"\n[backend.options]\nweights = \"as_stored\"\n",
-            gguf().display()
-        ),
-    )
-    .unwrap();
-    let conversation = dir.path().join("conversation.json");
-    let messages = json!({"messages": [
-        {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
-        {"role": "user", "content": "The museum opens at 9 am on Saturdays."},
-        {"role": "user", "content": "Das Café öffnet um 8 Uhr."},
-        {"role": "user", "content": "When does the museum open on Saturday?"}
-    ]});
-    std::fs::write(&conversation, messages.to_string()).unwrap();
-    let reply = "The museum opens at 9 am on Saturday.";
-    let a = explain(&cluster, &conversation, reply, &dir.path().join("a.json"));
-    let b = explain(&local, &conversation, reply, &dir.path().join("b.json"));
-    let (va, vb) = (values(&a), values(&b));
-    for (x, y) in va.iter().zip(&vb) {
-        assert!((x - y).abs() < 0.75, "{va:?} / {vb:?}");
-    }
-    common::assert_same_order(&va, &vb, 0.75);
+    let players = assert_agrees_with_candle(dir.path(), &cluster);
     // lmhost serve scored some prompts (one request each), the engines the rest.
-    let prompts = 1 << va.len();
+    let prompts = 1 << players;
     let served = generate_requests(&server);
     assert!(
         served >= 1.0 && served < prompts as f64,

@@ -242,6 +242,16 @@ pub fn metric(server: &TestServer, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no `{name}` in\n{text}"))
 }
 
+/// How many requests to `route` the server at `root` answered with 200 (0 before the first).
+pub fn answered(root: &str, route: &str) -> f64 {
+    let name = format!("lmhost_requests_total{{route=\"{route}\",status=\"200\"}} ");
+    let text = get(&format!("{root}/metrics")).body;
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&name)?.parse().ok());
+    count.unwrap_or(0.0)
+}
+
 /// Waits (polling) until no request is in flight: the worker slots are free again.
 pub fn wait_until_idle(server: &TestServer) {
     for _ in 0..1000 {

@@ -149,18 +149,12 @@ impl Scorer<'_> {
             cached_prompt_tokens: usage(&answer, "/usage/prompt_tokens_details/cached_tokens"),
         };
         for (i, &id) in ids.iter().enumerate().skip(start) {
-            let logprob = logprobs.get(i).and_then(Value::as_f64).ok_or_else(|| {
-                missing(
-                    &url,
-                    &format!("a number logprob for echoed token {i}"),
-                    &answer,
-                )
-            })?;
+            let logprob = echoed_logprob(logprobs, i, &url, &answer)?;
             let named = token_id(tokens.get(i));
             record
                 .token_ids
                 .push(if named == UNKNOWN_TOKEN { id } else { named });
-            record.logprobs.push(logprob as f32);
+            record.logprobs.push(logprob);
         }
         Ok(record)
     }
@@ -208,13 +202,7 @@ impl Scorer<'_> {
             cached_prompt_tokens: usage(&answer, "/usage/prompt_tokens_details/cached_tokens"),
         };
         for (n, i) in (first..echoed).enumerate() {
-            let logprob = logprobs.get(i).and_then(Value::as_f64).ok_or_else(|| {
-                missing(
-                    &url,
-                    &format!("a number logprob for echoed token {i}"),
-                    &answer,
-                )
-            })?;
+            let logprob = echoed_logprob(logprobs, i, &url, &answer)?;
             let named = token_id(tokens.get(i));
             let id = match &reply_ids {
                 Some(ids) if named != UNKNOWN_TOKEN && named != ids[n] => {
@@ -229,7 +217,7 @@ impl Scorer<'_> {
                 None => named,
             };
             record.token_ids.push(id);
-            record.logprobs.push(logprob as f32);
+            record.logprobs.push(logprob);
         }
         Ok(record)
     }
@@ -312,6 +300,20 @@ fn split_token(reply: &str, tokenizer: &str) -> PluginError {
          prompt's tokens are not a prefix of prompt + reply's), so the reply's tokens are not \
          its own; end the prompt at a token boundary. Reply: {reply:?}"
     ))
+}
+
+/// The logprob of echoed token `i`, which must be a number.
+fn echoed_logprob(
+    logprobs: &[Value],
+    i: usize,
+    url: &str,
+    answer: &Value,
+) -> Result<f32, PluginError> {
+    let logprob = logprobs.get(i).and_then(Value::as_f64);
+    let what = || format!("a number logprob for echoed token {i}");
+    logprob
+        .map(|l| l as f32)
+        .ok_or_else(|| missing(url, &what(), answer))
 }
 
 fn usage(answer: &Value, pointer: &str) -> u32 {
