@@ -185,10 +185,10 @@ fn texts(
         None => {
             let body = head.strip_prefix(bos.as_slice()).ok_or_else(|| {
                 ApiError::invalid(
-                    "input_ids",
+                    field,
                     format!(
-                        "this model starts every prompt with the ids {:?}; `input_ids` must \
-                         start with them",
+                        "this model starts every prompt with the ids {:?}; `{field}` must start \
+                         with them",
                         bos.as_slice()
                     ),
                 )
