@@ -582,6 +582,13 @@ mod tests {
         .unwrap()
     }
 
+    /// Each player's id and text, in order.
+    fn id_texts(p: &Players) -> Vec<(&str, &str)> {
+        (p.players().iter())
+            .map(|p| (p.id.as_str(), p.text.as_str()))
+            .collect()
+    }
+
     /// What a rendering keeps: each message's role, text and the names of its calls.
     fn outline(s: &ConversationSnapshot) -> Vec<String> {
         s.messages()
@@ -595,9 +602,7 @@ mod tests {
     #[test]
     fn a_tool_call_is_a_player_that_goes_with_its_answer() {
         let p = Players::split(&trace(), &PlayerSpec::default()).unwrap();
-        let ids: Vec<(&str, &str)> = (p.players().iter())
-            .map(|p| (p.id.as_str(), p.text.as_str()))
-            .collect();
+        let ids = id_texts(&p);
         assert_eq!(
             ids,
             [
@@ -682,9 +687,7 @@ mod tests {
     #[test]
     fn a_document_is_a_player_that_goes_or_is_stood_in_for() {
         let p = Players::split(&retrieval(), &PlayerSpec::default()).unwrap();
-        let ids: Vec<(&str, &str)> = (p.players().iter())
-            .map(|p| (p.id.as_str(), p.text.as_str()))
-            .collect();
+        let ids = id_texts(&p);
         assert_eq!(
             ids,
             [
