@@ -5,7 +5,9 @@
 //! K-quants for the 2048-wide one, its Q8_0 output layer of 178 MB) and SmolLM2 Q4_1's: its
 //! Q8_0 output layer (30 MB, more than the caches hold, as in a decode step), a Q4_1 MLP
 //! matrix, and a Q4_1 matrix of the output layer's shape (18 MB) for the same streaming in
-//! that type.
+//! that type. Then `weights = "bf16"`'s dense products (`kernels::bf16`, where the CPU has
+//! AVX-512 BF16) against candle's f32 matmul on SmolLM2's shapes, with the prompt and scoring
+//! passes' row counts: GFLOP/s of each and their ratio.
 //!
 //! Prints figures; asserts nothing. `cargo run --release --example bench_kernels -p
 //! lmhost-candle` (the thread count is rayon's and candle's, `RAYON_NUM_THREADS`).
@@ -73,7 +75,57 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
+    if kernels::bf16::available() {
+        pool.install(bf16_against_f32)?;
+    }
     Ok(())
+}
+
+/// `kernels::bf16` against candle's f32 matmul, one call each, on SmolLM2's matrices (q/o,
+/// k/v, gate/up, down, the output layer) with 16-400 rows.
+fn bf16_against_f32() -> anyhow::Result<()> {
+    let shapes = [
+        (400, 576, 576),
+        (400, 192, 576),
+        (400, 1536, 576),
+        (400, 576, 1536),
+        (64, 1536, 576),
+        (16, 49152, 576),
+        (400, 49152, 576),
+    ];
+    for (m, n, k) in shapes {
+        let wt = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
+        let xt = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+        let x = xt.flatten_all()?.to_vec1::<f32>()?;
+        let w = wt.flatten_all()?.to_vec1::<f32>()?;
+        let packed = kernels::bf16::Packed::new(&w, (n, k)).expect("AVX-512 BF16");
+        let mut out = vec![0f32; m * n];
+        let [bf16, f32] = race_few([&mut || packed.matmul(&x, &mut out), &mut || {
+            drop(xt.matmul(&wt.t().expect("2-d")).expect("shapes"))
+        }]);
+        let gflop = 2.0 * (m * n * k) as f64 / 1e9;
+        println!(
+            "({m} rows) x ({n}, {k})ᵀ: bf16 {:.0} GFLOP/s, candle f32 {:.0} GFLOP/s, {:.2}x",
+            gflop / bf16.as_secs_f64(),
+            gflop / f32.as_secs_f64(),
+            f32.as_secs_f64() / bf16.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// [`race`] for calls of milliseconds: the least over 10 batches of 3.
+fn race_few<const N: usize>(mut fs: [&mut (dyn FnMut() + Send); N]) -> [Duration; N] {
+    fs.iter_mut().for_each(|f| f());
+    let mut best = [Duration::MAX; N];
+    for _ in 0..10 {
+        for (f, best) in fs.iter_mut().zip(&mut best) {
+            let start = Instant::now();
+            (0..3).for_each(|_| f());
+            *best = (*best).min(start.elapsed() / 3);
+        }
+    }
+    best
 }
 
 /// candle's kernel on a QTensor's stored blocks of type `T`.

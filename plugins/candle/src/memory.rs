@@ -196,6 +196,11 @@ impl WeightBytes {
             }
             WeightFormat::Compact => compact,
             WeightFormat::Dense => self.dense(dtype),
+            WeightFormat::Bf16 => {
+                self.dense(DType::BF16)
+                    + self.kernel_bytes
+                    + self.requantized_values(GgmlDType::Q8_0)
+            }
             WeightFormat::Q8_0 => requantized(GgmlDType::Q8_0),
             WeightFormat::Q4_0 => requantized(GgmlDType::Q4_0),
             WeightFormat::Mixed => self.dense(dtype) + requantized(GgmlDType::Q8_0),
@@ -300,6 +305,10 @@ mod tests {
             err.contains("640 B even as stored") && err.contains("639 B"),
             "{err}"
         );
+        // bf16 for prefill (2080) and the stored blocks for decode (576).
+        assert_eq!(fit(WeightFormat::Bf16, 2656), Ok(WeightFormat::Bf16));
+        let err = fit(WeightFormat::Bf16, 2655).unwrap_err();
+        assert!(err.contains("2.59 KiB with `weights = \"bf16\"`"), "{err}");
         let err = fit(WeightFormat::Dense, 1000).unwrap_err();
         assert!(
             err.contains("f32") && err.contains("`weights = \"compact\"` needs 640 B"),

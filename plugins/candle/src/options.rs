@@ -78,7 +78,9 @@ pub fn specs() -> Vec<OptionSpec> {
              elsewhere), as_stored \
              (candle's kernels; on CPU they add a repacked copy of Q4_0/Q4_K/Q5_K/Q6_K/Q8_0 \
              matrices for fast prefill; Q4_1 and Q5_0 run lmhost's kernels, as compact), compact (as stored, no repacked copy: decode as fast, \
-             prefill slower), f32, q8_0, q4_0, mixed (f32 scoring + Q8_0 generation, as auto).",
+             prefill slower), f32, bf16 (as auto, scoring in bf16 dot products with f32 sums; \
+             CPUs with AVX-512 BF16), q8_0, q4_0, mixed (f32 scoring + Q8_0 generation, as \
+             auto).",
         ),
         OptionSpec::new(
             "memory_budget",

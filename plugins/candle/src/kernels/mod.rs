@@ -17,6 +17,7 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod bf16;
 mod blocks;
 mod dispatch;
 #[cfg(target_arch = "x86_64")]

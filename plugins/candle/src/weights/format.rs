@@ -27,6 +27,11 @@ pub enum WeightFormat {
     Compact,
     /// Dense in the compute dtype.
     Dense,
+    /// Scoring and prompts in bf16 dot products with f32 sums ([`crate::kernels::bf16`]; CPU
+    /// in f32 with AVX-512 BF16), generating from the stored blocks as [`Auto`] does.
+    ///
+    /// [`Auto`]: WeightFormat::Auto
+    Bf16,
     /// Requantized to Q8_0.
     Q8_0,
     /// Requantized to Q4_0.
@@ -39,6 +44,7 @@ impl WeightFormat {
         "as_stored",
         "compact",
         "f32",
+        "bf16",
         "q8_0",
         "q4_0",
         "mixed",
@@ -50,6 +56,7 @@ impl WeightFormat {
             "as_stored" => WeightFormat::AsStored,
             "compact" => WeightFormat::Compact,
             "f32" | "dense" => WeightFormat::Dense,
+            "bf16" => WeightFormat::Bf16,
             "q8_0" => WeightFormat::Q8_0,
             "q4_0" => WeightFormat::Q4_0,
             "mixed" => WeightFormat::Mixed,
@@ -68,7 +75,9 @@ impl WeightFormat {
     /// other weights than scoring.
     pub fn decode_copy(self, quantized: bool, dtype: DType, device: &Device) -> bool {
         match self {
-            WeightFormat::Auto => quantized && WeightFormat::auto_dense(dtype, device),
+            WeightFormat::Auto | WeightFormat::Bf16 => {
+                quantized && WeightFormat::auto_dense(dtype, device)
+            }
             WeightFormat::Mixed => true,
             _ => false,
         }
@@ -81,6 +90,7 @@ impl WeightFormat {
             WeightFormat::AsStored => "as_stored",
             WeightFormat::Compact => "compact",
             WeightFormat::Dense => "f32",
+            WeightFormat::Bf16 => "bf16",
             WeightFormat::Q8_0 => "q8_0",
             WeightFormat::Q4_0 => "q4_0",
             WeightFormat::Mixed => "mixed",

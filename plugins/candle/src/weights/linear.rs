@@ -9,7 +9,7 @@ use candle_core::{DType, Module, Result, Tensor};
 
 use smallvec::SmallVec;
 
-use crate::kernels::{self, Layout, Path};
+use crate::kernels::{self, bf16, Layout, Path};
 use crate::memory::PACKED;
 
 use super::*;
@@ -29,6 +29,8 @@ pub struct Linear {
 #[derive(Debug, Clone)]
 pub(super) enum Kernel {
     Candle(QMatMul),
+    /// A dense CPU matrix rounded to bf16 and packed for [`bf16::Packed::matmul`].
+    Bf16(Arc<bf16::Packed>),
     /// A quantized CPU matrix our kernels ([`crate::kernels`]) read.
     Lmhost(Blocks),
     /// A quantized CPU matrix of a type ours lack, read in place by candle's unpacked kernel
@@ -41,6 +43,17 @@ impl Kernel {
         match self {
             Kernel::Candle(w) => w.forward(x),
             Kernel::Lmhost(w) => Ok(lmhost_matmuls(&[w], x)?.remove(0)),
+            Kernel::Bf16(w) => {
+                let (n, k) = w.shape();
+                check_input(x, (n, k))?;
+                let x = x.contiguous()?;
+                let mut dst = vec![0f32; x.elem_count() / k * n];
+                // The rows where they lie (a prompt pass's activations are f32 on CPU).
+                if f32_values(&x, |lhs| w.matmul(lhs, &mut dst)).is_none() {
+                    w.matmul(&rows(&x)?, &mut dst);
+                }
+                output(&x, dst, n)
+            }
             Kernel::Unpacked(w, kernel) => {
                 let (n, k) = w.shape().dims2()?;
                 check_input(x, (n, k))?;
@@ -142,6 +155,28 @@ fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
         return Ok(Kernel::Candle(QMatMul::Tensor(dense)));
     }
     QMatMul::from_qtensor(QTensor::quantize(&dense, to)?).map(Kernel::Candle)
+}
+
+/// `w` rounded to bf16 for [`bf16::Packed`]; refused where that cannot run.
+fn bf16_kernel(w: &Weight, dtype: DType) -> Result<Kernel> {
+    if dtype != DType::F32 || !w.device().is_cpu() {
+        candle_core::bail!(
+            "`weights = \"bf16\"` runs on CPU with f32 compute (it rounds only the matrix \
+             products' inputs); for another device or dtype use `auto`"
+        );
+    }
+    if !bf16::available() {
+        candle_core::bail!(
+            "`weights = \"bf16\"` needs a CPU with AVX-512 BF16 (allowed by `LMHOST_SIMD`); this \
+             one lacks it: use `auto` (f32 scoring, exact) or `compact` (8-bit activations)"
+        );
+    }
+    let dense = w.dense(DType::F32)?.contiguous()?;
+    let shape = dense.dims2()?;
+    f32_values(&dense, |values| bf16::Packed::new(values, shape))
+        .flatten()
+        .map(|packed| Kernel::Bf16(Arc::new(packed)))
+        .ok_or_else(|| candle_core::Error::Msg("a bf16 matrix that could not be packed".into()))
 }
 
 /// `auto`'s decode copy: the stored blocks where our kernels run them, else [`decode_copy`].
@@ -329,6 +364,10 @@ impl Linear {
             },
             WeightFormat::Auto | WeightFormat::AsStored => (as_stored(w, dtype)?, None),
             WeightFormat::Dense => (dense(&w)?, None),
+            WeightFormat::Bf16 => {
+                let decode = quantized.then(|| stored_for_decode(&w)).transpose()?;
+                (bf16_kernel(&w, dtype)?, decode)
+            }
             WeightFormat::Q8_0 => (requantize(&w, GgmlDType::Q8_0)?, None),
             WeightFormat::Q4_0 => (requantize(&w, GgmlDType::Q4_0)?, None),
         };

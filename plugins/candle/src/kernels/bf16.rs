@@ -1,0 +1,363 @@
+//! `x Wᵀ` in bfloat16 dot products with f32 sums (`weights = "bf16"`): W rounded to bf16 once
+//! at load, each activation row rounded as it comes, every pair of products added into an f32
+//! accumulator by AVX-512 BF16's `vdpbf16ps`, which does twice the multiply-adds of an f32
+//! FMA per instruction. Everything between the matrix products (norms, attention, residuals,
+//! softmax) stays f32, so the values move far less than with bf16 compute throughout or
+//! 8-bit activations (docs/candle.md has the figures).
+//!
+//! W is laid out in panels of [`LANES`] output columns, each holding, for each pair of input
+//! positions, the two weights of every column side by side (one 512-bit load); a tile of up
+//! to [`TILE`] rows meets two panels in registers. Every output is one chain of `vdpbf16ps`
+//! over the input pairs in order, so a row's result does not depend on how many rows share
+//! its call or where it falls in a tile.
+
+use rayon::prelude::*;
+
+/// Output columns per panel: the f32 lanes of a 512-bit register.
+const LANES: usize = 16;
+
+/// Rows per register tile: 16 accumulators (two panels each), two panel loads and a broadcast
+/// of AVX-512's 32 registers.
+const TILE: usize = 8;
+
+/// Rows per task block: a block's rounded inputs stay in the L2 cache while panels pass by.
+const BLOCK: usize = 96;
+
+/// A `(n, k)` matrix in bf16 pairs, laid out for [`Packed::matmul`].
+#[derive(Debug, Clone)]
+pub struct Packed {
+    n: usize,
+    k: usize,
+    /// Panel `p` holds, for each pair `t` of input positions, `LANES` words: column `c`'s
+    /// weights `2t` (low half) and `2t + 1` (high half). The last panel and an odd `k` are
+    /// padded with zeros.
+    panels: Vec<u32>,
+}
+
+impl Packed {
+    /// Rounds the row-major `(n, k)` matrix `w` to bf16 and packs it, where this CPU has the
+    /// instructions (AVX-512 F and BF16); `None` elsewhere.
+    pub fn new(w: &[f32], (n, k): (usize, usize)) -> Option<Packed> {
+        if !available() || w.len() != n * k || n == 0 || k == 0 {
+            return None;
+        }
+        let pairs = k.div_ceil(2);
+        let mut panels = vec![0u32; n.div_ceil(LANES) * LANES * pairs];
+        for (p, panel) in panels.chunks_exact_mut(LANES * pairs).enumerate() {
+            for c in 0..LANES.min(n - p * LANES) {
+                let row = &w[(p * LANES + c) * k..][..k];
+                for (t, pair) in row.chunks(2).enumerate() {
+                    panel[t * LANES + c] = pair_of(pair);
+                }
+            }
+        }
+        Some(Packed { n, k, panels })
+    }
+
+    /// `(n, k)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Row `j` of the matrix as stored (bf16 values, widened) into `out`; `false` if there is
+    /// no row `j` or `out` is not `k` long.
+    pub fn row_into(&self, j: usize, out: &mut [f32]) -> bool {
+        if j >= self.n || out.len() != self.k {
+            return false;
+        }
+        let pairs = self.k.div_ceil(2);
+        let panel = &self.panels[j / LANES * LANES * pairs..][..LANES * pairs];
+        for (i, o) in out.iter_mut().enumerate() {
+            let word = panel[i / 2 * LANES + j % LANES];
+            *o = f32::from_bits(if i % 2 == 0 {
+                word << 16
+            } else {
+                word & 0xFFFF_0000
+            });
+        }
+        true
+    }
+
+    /// `out = x Wᵀ`: `x` is `(m, k)` row-major f32, `out` `(m, n)`. On the current rayon pool,
+    /// split over blocks of rows and runs of panels.
+    pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        let (n, k) = (self.n, self.k);
+        let m = x.len() / k;
+        assert_eq!(x.len(), m * k, "input rows of {k}");
+        assert_eq!(out.len(), m * n, "output rows of {n}");
+        let pairs = k.div_ceil(2);
+        let mut rounded = vec![0u32; m * pairs];
+        rounded
+            .par_chunks_mut(pairs)
+            .zip(x.par_chunks(k))
+            // SAFETY: `available()` was checked when this matrix was packed.
+            .for_each(|(to, row)| unsafe { avx512::round(row, to) });
+        // Work in pairs of panels (the tile's width); a last odd panel goes alone.
+        let panels = n.div_ceil(LANES);
+        let steps = panels.div_ceil(2);
+        let blocks = m.div_ceil(BLOCK);
+        let runs = (4 * rayon::current_num_threads())
+            .div_ceil(blocks)
+            .clamp(1, steps);
+        let per_run = steps.div_ceil(runs);
+        let out = SendPtr(out.as_mut_ptr());
+        (0..blocks * runs).into_par_iter().for_each(|task| {
+            let (b, run) = (task / runs, task % runs);
+            let rows = b * BLOCK..m.min((b + 1) * BLOCK);
+            for step in run * per_run..steps.min((run + 1) * per_run) {
+                let first = 2 * step;
+                let width = (2 * LANES).min(n - first * LANES);
+                let at = |p: usize| &self.panels[p * LANES * pairs..][..LANES * pairs];
+                let two = [at(first), at((first + 1).min(panels - 1))];
+                for tile in rows.clone().step_by(TILE) {
+                    let r = TILE.min(rows.end - tile);
+                    let mut acc = [[0f32; 2 * LANES]; TILE];
+                    let x = &rounded[tile * pairs..(tile + r) * pairs];
+                    // SAFETY: `available()` was checked when this matrix was packed; `x` holds
+                    // `r` rows of `pairs` words, each panel `LANES · pairs`.
+                    unsafe { avx512::tile(x, pairs, two, &mut acc[..r]) };
+                    for (i, acc) in acc[..r].iter().enumerate() {
+                        // SAFETY: each task writes only its rows' columns of its own panels,
+                        // within `out` (checked above); no two tasks share a (row, panel).
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                out.at((tile + i) * n + first * LANES),
+                                width,
+                            )
+                        };
+                        dst.copy_from_slice(&acc[..width]);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Two values rounded to bf16 as `vcvtneps2bf16` rounds them (to nearest, ties to even;
+/// subnormals to zero; NaNs quiet), the first in the low half; a missing second is zero.
+fn pair_of(pair: &[f32]) -> u32 {
+    let bf = |v: f32| {
+        let bits = v.to_bits();
+        if v.is_nan() {
+            return (bits >> 16) | 0x40;
+        }
+        if v.is_subnormal() {
+            return (bits >> 16) & 0x8000;
+        }
+        (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    };
+    bf(pair[0]) | pair.get(1).map_or(0, |&v| bf(v) << 16)
+}
+
+/// The output's pointer, shared by tasks that write disjoint parts of it.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+
+// SAFETY: tasks write disjoint elements (see `Packed::matmul`).
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: the caller keeps `i` within the buffer.
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// Whether this CPU has the instructions (AVX-512 F and BF16) and `LMHOST_SIMD` allows them.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        lmhost_plugin_kit::simd::Simd::Avx512.allowed()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+    use std::mem::transmute;
+
+    use super::{pair_of, LANES, TILE};
+
+    /// `acc[r][c] = Σₜ x[r][t] · panels[c / LANES][t][c % LANES]` over bf16 pairs, for the
+    /// `acc.len()` rows of `x` (`pairs` words each).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BF16; `x` holds `acc.len() ≤ TILE` rows of `pairs`
+    /// words, each panel `LANES · pairs`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn tile(
+        x: &[u32],
+        pairs: usize,
+        panels: [&[u32]; 2],
+        acc: &mut [[f32; 2 * LANES]],
+    ) {
+        // SAFETY: the caller's promises, passed on; one copy per shape keeps the accumulators
+        // in registers.
+        unsafe {
+            match acc.len() {
+                1 => rows::<1>(x, pairs, panels, acc),
+                2 => rows::<2>(x, pairs, panels, acc),
+                3 => rows::<3>(x, pairs, panels, acc),
+                4 => rows::<4>(x, pairs, panels, acc),
+                5 => rows::<5>(x, pairs, panels, acc),
+                6 => rows::<6>(x, pairs, panels, acc),
+                7 => rows::<7>(x, pairs, panels, acc),
+                _ => rows::<TILE>(x, pairs, panels, acc),
+            }
+        }
+    }
+
+    /// `row` rounded to bf16 pairs into `to` (`row.len().div_ceil(2)` words), 16 values an
+    /// instruction and the rest as [`pair_of`] rounds them, which is the same rounding.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn round(row: &[f32], to: &mut [u32]) {
+        let (body, tail) = row.as_chunks::<LANES>();
+        for (values, to) in body.iter().zip(to.chunks_exact_mut(LANES / 2)) {
+            // SAFETY: 16 readable f32s and 8 writable words; the accesses are unaligned.
+            unsafe {
+                let half = _mm512_cvtneps_pbh(_mm512_loadu_ps(values.as_ptr()));
+                _mm256_storeu_si256(to.as_mut_ptr().cast(), transmute::<__m256bh, __m256i>(half));
+            }
+        }
+        for (pair, to) in tail.chunks(2).zip(&mut to[body.len() * LANES / 2..]) {
+            *to = pair_of(pair);
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn rows<const R: usize>(
+        x: &[u32],
+        pairs: usize,
+        [a, b]: [&[u32]; 2],
+        acc: &mut [[f32; 2 * LANES]],
+    ) {
+        assert!(x.len() >= R * pairs && a.len() >= pairs * LANES && b.len() >= pairs * LANES);
+        assert!(acc.len() >= R);
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        let (x, a, b) = (x.as_ptr(), a.as_ptr(), b.as_ptr());
+        for t in 0..pairs {
+            // SAFETY: `t < pairs`: word `t` of each of the `R` rows and pair `t` of each panel
+            // are in bounds (asserted above); the loads are unaligned.
+            unsafe {
+                let w0 =
+                    transmute::<__m512i, __m512bh>(_mm512_loadu_si512(a.add(t * LANES).cast()));
+                let w1 =
+                    transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.add(t * LANES).cast()));
+                for r in 0..R {
+                    let v = transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        *x.add(r * pairs + t) as i32,
+                    ));
+                    lo[r] = _mm512_dpbf16_ps(lo[r], v, w0);
+                    hi[r] = _mm512_dpbf16_ps(hi[r], v, w1);
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: each accumulator row is 32 writable f32s.
+            unsafe {
+                _mm512_storeu_ps(acc[r].as_mut_ptr(), lo[r]);
+                _mm512_storeu_ps(acc[r].as_mut_ptr().add(LANES), hi[r]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(i: usize) -> f32 {
+        ((i * 7919 % 1000) as f32 - 500.0) / 97.0
+    }
+
+    /// Each output is the bf16-rounded row times the bf16-rounded weights, summed in f32 (each
+    /// product of two bf16 values is exact in f32, so only the sums' rounding may differ from
+    /// the plain loop below); and a row gets the same bits whatever rows share its call (odd
+    /// shapes cover the padded panel, the lone last panel, an odd `k` and short tiles).
+    #[test]
+    fn outputs_are_bf16_products_summed_in_f32_whatever_the_rows_around_them() {
+        let (n, k) = (53, 29);
+        let w: Vec<f32> = (0..n * k).map(value).collect();
+        let Some(packed) = Packed::new(&w, (n, k)) else {
+            // Without the instructions (or under `LMHOST_SIMD=avx2`) the format is refused
+            // where the model is built; the test there covers that.
+            assert!(!available(), "packing refused on a CPU with AVX-512 BF16");
+            return;
+        };
+        let round = |v: f32| f32::from_bits(pair_of(&[v]) << 16);
+        let mut row = vec![0f32; k];
+        for j in 0..n {
+            assert!(packed.row_into(j, &mut row));
+            let want: Vec<f32> = w[j * k..(j + 1) * k].iter().map(|&v| round(v)).collect();
+            assert_eq!(row, want, "row {j} as stored");
+        }
+        let x: Vec<f32> = (0..200 * k).map(|i| value(i + 31)).collect();
+        let mut all = vec![0f32; 200 * n];
+        packed.matmul(&x, &mut all);
+        for m in [1, 7, 8, 9, 13] {
+            let mut out = vec![0f32; m * n];
+            packed.matmul(&x[..m * k], &mut out);
+            assert_eq!(
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                all[..m * n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{m} rows"
+            );
+        }
+        for r in 0..200 {
+            for j in 0..n {
+                let terms = (0..k).map(|i| round(x[r * k + i]) * round(w[j * k + i]));
+                let (sum, size) = terms.fold((0f32, 0f32), |(s, a), t| (s + t, a + t.abs()));
+                let got = all[r * n + j];
+                assert!(
+                    (got - sum).abs() <= 1e-6 * size,
+                    "row {r} col {j}: {got} vs {sum}"
+                );
+            }
+        }
+    }
+
+    /// Ties round to even, as `vcvtneps2bf16` does; subnormals flush to zero; a NaN stays a
+    /// NaN.
+    #[test]
+    fn rounding_is_to_nearest_even() {
+        let bf = |v: f32| pair_of(&[v]);
+        assert_eq!(bf(1.0), 0x3F80);
+        // 1 + 2⁻⁸ lies halfway between 1 and 1 + 2⁻⁷: to the even one, 1.
+        assert_eq!(bf(1.0 + 1.0 / 256.0), 0x3F80);
+        // 1 + 3·2⁻⁸ lies halfway between 1 + 2⁻⁷ and 1 + 2⁻⁶: to the even one, up.
+        assert_eq!(bf(1.0 + 3.0 / 256.0), 0x3F82);
+        assert!(f32::from_bits(bf(f32::NAN) << 16).is_nan());
+        assert_eq!(bf(-1e-40), 0x8000);
+        assert_eq!(pair_of(&[1.0, -2.0]), 0xC000_3F80);
+    }
+
+    /// The instruction rounds a row as [`pair_of`] does, ties, subnormals and NaNs included.
+    #[test]
+    fn rows_round_as_the_scalar_rounding_does() {
+        if !available() {
+            return;
+        }
+        let mut row: Vec<f32> = (0..37).map(|i| value(i) * 1.000_001).collect();
+        row[3] = 1.0 + 1.0 / 256.0;
+        row[4] = 1.0 + 3.0 / 256.0;
+        row[5] = -1e-40;
+        row[6] = f32::NAN;
+        let mut simd = vec![0u32; 19];
+        // SAFETY: `available()` was checked.
+        unsafe { avx512::round(&row, &mut simd) };
+        let scalar: Vec<u32> = row.chunks(2).map(pair_of).collect();
+        assert_eq!(simd, scalar);
+    }
+}
