@@ -16,9 +16,12 @@ use rayon::prelude::*;
 /// Output columns per panel: the f32 lanes of a 512-bit register.
 const LANES: usize = 16;
 
-/// Rows per register tile: 16 accumulators (two panels each), two panel loads and a broadcast
-/// of AVX-512's 32 registers.
-const TILE: usize = 8;
+/// Panels a register tile spans.
+const WIDE: usize = 4;
+
+/// Rows per register tile: 24 accumulators (`WIDE` panels each), `WIDE` panel loads and a
+/// broadcast of AVX-512's 32 registers; each step loads 10 registers for 24 instructions.
+const TILE: usize = 6;
 
 /// Rows per task block: a block's rounded inputs stay in the L2 cache while panels pass by.
 const BLOCK: usize = 96;
@@ -92,30 +95,36 @@ impl Packed {
             .zip(x.par_chunks(k))
             // SAFETY: `available()` was checked when this matrix was packed.
             .for_each(|(to, row)| unsafe { avx512::round(row, to) });
-        // Work in pairs of panels (the tile's width); a last odd panel goes alone.
+        // Work in `WIDE` panels at a time (the tile's width); a last short step repeats its
+        // last panel, whose copies are not written.
         let panels = n.div_ceil(LANES);
-        let steps = panels.div_ceil(2);
+        let steps = panels.div_ceil(WIDE);
+        // Blocks of about equal rows (whole tiles), and enough tasks that the pool's threads
+        // end together.
         let blocks = m.div_ceil(BLOCK);
-        let runs = (4 * rayon::current_num_threads())
+        let block = m.div_ceil(blocks).div_ceil(TILE) * TILE;
+        let runs = (8 * rayon::current_num_threads())
             .div_ceil(blocks)
             .clamp(1, steps);
         let per_run = steps.div_ceil(runs);
         let out = SendPtr(out.as_mut_ptr());
         (0..blocks * runs).into_par_iter().for_each(|task| {
             let (b, run) = (task / runs, task % runs);
-            let rows = b * BLOCK..m.min((b + 1) * BLOCK);
+            let rows = (b * block).min(m)..m.min((b + 1) * block);
             for step in run * per_run..steps.min((run + 1) * per_run) {
-                let first = 2 * step;
-                let width = (2 * LANES).min(n - first * LANES);
-                let at = |p: usize| &self.panels[p * LANES * pairs..][..LANES * pairs];
-                let two = [at(first), at((first + 1).min(panels - 1))];
+                let first = WIDE * step;
+                let width = (WIDE * LANES).min(n - first * LANES);
+                let wide: [&[u32]; WIDE] = std::array::from_fn(|i| {
+                    let p = (first + i).min(panels - 1);
+                    &self.panels[p * LANES * pairs..][..LANES * pairs]
+                });
                 for tile in rows.clone().step_by(TILE) {
                     let r = TILE.min(rows.end - tile);
-                    let mut acc = [[0f32; 2 * LANES]; TILE];
+                    let mut acc = [[0f32; WIDE * LANES]; TILE];
                     let x = &rounded[tile * pairs..(tile + r) * pairs];
                     // SAFETY: `available()` was checked when this matrix was packed; `x` holds
                     // `r` rows of `pairs` words, each panel `LANES · pairs`.
-                    unsafe { avx512::tile(x, pairs, two, &mut acc[..r]) };
+                    unsafe { avx512::tile(x, pairs, wide, &mut acc[..r]) };
                     for (i, acc) in acc[..r].iter().enumerate() {
                         // SAFETY: each task writes only its rows' columns of its own panels,
                         // within `out` (checked above); no two tasks share a (row, panel).
@@ -184,7 +193,7 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::mem::transmute;
 
-    use super::{pair_of, LANES, TILE};
+    use super::{pair_of, LANES, TILE, WIDE};
 
     /// `acc[r][c] = Σₜ x[r][t] · panels[c / LANES][t][c % LANES]` over bf16 pairs, for the
     /// `acc.len()` rows of `x` (`pairs` words each).
@@ -196,8 +205,8 @@ mod avx512 {
     pub(super) unsafe fn tile(
         x: &[u32],
         pairs: usize,
-        panels: [&[u32]; 2],
-        acc: &mut [[f32; 2 * LANES]],
+        panels: [&[u32]; WIDE],
+        acc: &mut [[f32; WIDE * LANES]],
     ) {
         // SAFETY: the caller's promises, passed on; one copy per shape keeps the accumulators
         // in registers.
@@ -208,8 +217,6 @@ mod avx512 {
                 3 => rows::<3>(x, pairs, panels, acc),
                 4 => rows::<4>(x, pairs, panels, acc),
                 5 => rows::<5>(x, pairs, panels, acc),
-                6 => rows::<6>(x, pairs, panels, acc),
-                7 => rows::<7>(x, pairs, panels, acc),
                 _ => rows::<TILE>(x, pairs, panels, acc),
             }
         }
@@ -239,36 +246,35 @@ mod avx512 {
     unsafe fn rows<const R: usize>(
         x: &[u32],
         pairs: usize,
-        [a, b]: [&[u32]; 2],
-        acc: &mut [[f32; 2 * LANES]],
+        panels: [&[u32]; WIDE],
+        acc: &mut [[f32; WIDE * LANES]],
     ) {
-        assert!(x.len() >= R * pairs && a.len() >= pairs * LANES && b.len() >= pairs * LANES);
-        assert!(acc.len() >= R);
-        let mut lo = [_mm512_setzero_ps(); R];
-        let mut hi = [_mm512_setzero_ps(); R];
-        let (x, a, b) = (x.as_ptr(), a.as_ptr(), b.as_ptr());
+        assert!(x.len() >= R * pairs && acc.len() >= R);
+        assert!(panels.iter().all(|p| p.len() >= pairs * LANES));
+        let mut sums = [[_mm512_setzero_ps(); WIDE]; R];
+        let x = x.as_ptr();
+        let w = panels.map(|p| p.as_ptr());
         for t in 0..pairs {
             // SAFETY: `t < pairs`: word `t` of each of the `R` rows and pair `t` of each panel
             // are in bounds (asserted above); the loads are unaligned.
             unsafe {
-                let w0 =
-                    transmute::<__m512i, __m512bh>(_mm512_loadu_si512(a.add(t * LANES).cast()));
-                let w1 =
-                    transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.add(t * LANES).cast()));
-                for r in 0..R {
+                let w = w.map(|w| {
+                    transmute::<__m512i, __m512bh>(_mm512_loadu_si512(w.add(t * LANES).cast()))
+                });
+                for (r, sums) in sums.iter_mut().enumerate() {
                     let v = transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
                         *x.add(r * pairs + t) as i32,
                     ));
-                    lo[r] = _mm512_dpbf16_ps(lo[r], v, w0);
-                    hi[r] = _mm512_dpbf16_ps(hi[r], v, w1);
+                    for (sum, w) in sums.iter_mut().zip(w) {
+                        *sum = _mm512_dpbf16_ps(*sum, v, w);
+                    }
                 }
             }
         }
-        for r in 0..R {
-            // SAFETY: each accumulator row is 32 writable f32s.
-            unsafe {
-                _mm512_storeu_ps(acc[r].as_mut_ptr(), lo[r]);
-                _mm512_storeu_ps(acc[r].as_mut_ptr().add(LANES), hi[r]);
+        for (acc, sums) in acc.iter_mut().zip(sums) {
+            for (acc, sum) in acc.chunks_exact_mut(LANES).zip(sums) {
+                // SAFETY: each chunk is 16 writable f32s.
+                unsafe { _mm512_storeu_ps(acc.as_mut_ptr(), sum) };
             }
         }
     }
