@@ -7,7 +7,7 @@
 //!
 //! W is laid out in panels of [`LANES`] output columns, each holding, for each pair of input
 //! positions, the two weights of every column side by side (one 512-bit load); a tile of up
-//! to [`TILE`] rows meets two panels in registers. Every output is one chain of `vdpbf16ps`
+//! to [`TILE`] rows meets [`WIDE`] panels in registers. Every output is one chain of `vdpbf16ps`
 //! over the input pairs in order, so a row's result does not depend on how many rows share
 //! its call or where it falls in a tile.
 
