@@ -62,11 +62,14 @@ fn main() -> anyhow::Result<()> {
         };
         for path in paths {
             let [ours, candle, unpacked] = pool.install(|| {
-                race([
-                    &mut || ours(path),
-                    &mut || drop(qmatmul.forward(&xt).expect("a row")),
-                    &mut || candle_unpacked(&data, (1, k, n), &x, &mut vec![0f32; n]),
-                ])
+                race(
+                    Batches::MANY,
+                    [
+                        &mut || ours(path),
+                        &mut || drop(qmatmul.forward(&xt).expect("a row")),
+                        &mut || candle_unpacked(&data, (1, k, n), &x, &mut vec![0f32; n]),
+                    ],
+                )
             });
             println!(
                 "{dtype:?} ({n}, {k}), {} threads: ours ({path:?}) {ours:.1?}, candle QMatMul \
@@ -100,9 +103,12 @@ fn bf16_against_f32() -> anyhow::Result<()> {
         let w = wt.flatten_all()?.to_vec1::<f32>()?;
         let packed = kernels::bf16::Packed::new(&w, (n, k)).expect("AVX-512 BF16");
         let mut out = vec![0f32; m * n];
-        let [bf16, f32] = race_few([&mut || packed.matmul(&x, &mut out), &mut || {
-            drop(xt.matmul(&wt.t().expect("2-d")).expect("shapes"))
-        }]);
+        let [bf16, f32] = race(
+            Batches::FEW,
+            [&mut || packed.matmul(&x, &mut out), &mut || {
+                drop(xt.matmul(&wt.t().expect("2-d")).expect("shapes"))
+            }],
+        );
         let gflop = 2.0 * (m * n * k) as f64 / 1e9;
         println!(
             "({m} rows) x ({n}, {k})ᵀ: bf16 {:.0} GFLOP/s, candle f32 {:.0} GFLOP/s, {:.2}x",
@@ -112,20 +118,6 @@ fn bf16_against_f32() -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// [`race`] for calls of milliseconds: the least over 10 batches of 3.
-fn race_few<const N: usize>(mut fs: [&mut (dyn FnMut() + Send); N]) -> [Duration; N] {
-    fs.iter_mut().for_each(|f| f());
-    let mut best = [Duration::MAX; N];
-    for _ in 0..10 {
-        for (f, best) in fs.iter_mut().zip(&mut best) {
-            let start = Instant::now();
-            (0..3).for_each(|_| f());
-            *best = (*best).min(start.elapsed() / 3);
-        }
-    }
-    best
 }
 
 /// candle's kernel on a QTensor's stored blocks of type `T`.
@@ -138,19 +130,48 @@ fn unpacked<T: GgmlType>(data: &[u8], mkn: (usize, usize, usize), x: &[f32], dst
     k_quants::matmul(mkn, x, blocks, dst).expect("whole blocks");
 }
 
-/// The time of one call of each of `fs`, the least over 200 batches of 5 taken in turns (after
-/// a warm-up): other processes only ever add time, and on a busy machine a short batch is
+/// How many warm-up calls, then batches of how many calls, [`race`] takes.
+struct Batches {
+    warm_up: usize,
+    batches: usize,
+    calls: usize,
+}
+
+impl Batches {
+    /// For calls of microseconds.
+    const MANY: Batches = Batches {
+        warm_up: 20,
+        batches: 200,
+        calls: 5,
+    };
+    /// For calls of milliseconds.
+    const FEW: Batches = Batches {
+        warm_up: 1,
+        batches: 10,
+        calls: 3,
+    };
+}
+
+/// The time of one call of each of `fs`, the least over `batches` taken in turns (after a
+/// warm-up): other processes only ever add time, and on a busy machine a short batch is
 /// likelier to run undisturbed.
-fn race<const N: usize>(mut fs: [&mut (dyn FnMut() + Send); N]) -> [Duration; N] {
+fn race<const N: usize>(
+    Batches {
+        warm_up,
+        batches,
+        calls,
+    }: Batches,
+    mut fs: [&mut (dyn FnMut() + Send); N],
+) -> [Duration; N] {
     for f in fs.iter_mut() {
-        (0..20).for_each(|_| f());
+        (0..warm_up).for_each(|_| f());
     }
     let mut best = [Duration::MAX; N];
-    for _ in 0..200 {
+    for _ in 0..batches {
         for (f, best) in fs.iter_mut().zip(&mut best) {
             let start = Instant::now();
-            (0..5).for_each(|_| f());
-            *best = (*best).min(start.elapsed() / 5);
+            (0..calls).for_each(|_| f());
+            *best = (*best).min(start.elapsed() / calls as u32);
         }
     }
     best
