@@ -88,6 +88,9 @@ impl Packed {
         let m = x.len() / k;
         assert_eq!(x.len(), m * k, "input rows of {k}");
         assert_eq!(out.len(), m * n, "output rows of {n}");
+        if m == 0 {
+            return;
+        }
         let pairs = k.div_ceil(2);
         let mut rounded = vec![0u32; m * pairs];
         rounded
@@ -277,6 +280,25 @@ mod avx512 {
                 unsafe { _mm512_storeu_ps(acc.as_mut_ptr(), sum) };
             }
         }
+    }
+}
+
+/// Elsewhere no [`Packed`] is ever made ([`available`] is false), so nothing here runs.
+#[cfg(not(target_arch = "x86_64"))]
+mod avx512 {
+    use super::{LANES, WIDE};
+
+    pub(super) unsafe fn tile(
+        _: &[u32],
+        _: usize,
+        _: [&[u32]; WIDE],
+        _: &mut [[f32; WIDE * LANES]],
+    ) {
+        unreachable!("bf16 matrices are packed only on x86-64 with AVX-512 BF16")
+    }
+
+    pub(super) unsafe fn round(_: &[f32], _: &mut [u32]) {
+        unreachable!("bf16 matrices are packed only on x86-64 with AVX-512 BF16")
     }
 }
 
