@@ -332,9 +332,9 @@ fn auto_keeps_weights_as_stored_when_f32_does_not_fit_the_budget() {
 /// in f32, everything between the products staying f32: its logits stay within 3% of f32's
 /// range (1.3% measured on this random model; the gap comes from the inputs' rounding, the
 /// same bits on every CPU, not from the order of the sums, which moves it by rounding error),
-/// yet differ (it is not f32 under another name); a generation
-/// runs the same decode copies as under `auto`. A CPU without AVX-512 BF16 (or `LMHOST_SIMD`
-/// below avx512, as `scripts/test`'s second run sets) gets an error naming what it needs.
+/// yet differ (it is not f32 under another name); a generation runs the same decode copies as
+/// under `auto`. A CPU without AVX-512 BF16 (or `LMHOST_SIMD` below avx512, as `scripts/test`'s
+/// second run sets) gets an error naming what it needs.
 #[test]
 fn bf16_weights_score_near_f32_and_need_the_instructions() {
     let dir = tempfile::tempdir().unwrap();

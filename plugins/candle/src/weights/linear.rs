@@ -43,25 +43,16 @@ impl Kernel {
         match self {
             Kernel::Candle(w) => w.forward(x),
             Kernel::Lmhost(w) => Ok(lmhost_matmuls(&[w], x)?.remove(0)),
-            Kernel::Bf16(w) => {
-                let (n, k) = w.shape();
-                check_input(x, (n, k))?;
-                let x = x.contiguous()?;
-                let mut dst = vec![0f32; x.elem_count() / k * n];
-                // The rows where they lie (a prompt pass's activations are f32 on CPU).
-                if f32_values(&x, |lhs| w.matmul(lhs, &mut dst)).is_none() {
-                    w.matmul(&rows(&x)?, &mut dst);
-                }
-                output(&x, dst, n)
-            }
+            Kernel::Bf16(w) => on_rows(x, w.shape(), |lhs, dst| {
+                w.matmul(lhs, dst);
+                Ok(())
+            }),
             Kernel::Unpacked(w, kernel) => {
                 let (n, k) = w.shape().dims2()?;
-                check_input(x, (n, k))?;
-                let lhs = rows(x)?;
-                let m = lhs.len() / k.max(1);
-                let mut dst = vec![0f32; m * n];
-                kernel(&w.data()?, (m, k, n), &lhs, &mut dst)?;
-                output(x, dst, n)
+                let data = w.data()?;
+                on_rows(x, (n, k), |lhs, dst| {
+                    kernel(&data, (lhs.len() / k.max(1), k, n), lhs, dst)
+                })
             }
         }
     }
@@ -233,12 +224,26 @@ fn lmhost_matmuls(ws: &[&Blocks], x: &Tensor) -> Result<Vec<Tensor>> {
 /// Refuses an `x` whose last axis is not the `k` of an `(n, k)` weight.
 fn check_input(x: &Tensor, (n, k): (usize, usize)) -> Result<()> {
     if x.dim(candle_core::D::Minus1)? != k {
-        candle_core::bail!(
-            "compact matmul: input {:?} for a ({n}, {k}) weight",
-            x.dims()
-        );
+        candle_core::bail!("matmul: input {:?} for a ({n}, {k}) weight", x.dims());
     }
     Ok(())
+}
+
+/// `x Wᵀ` for an `(n, k)` matrix, `f(rows, dst)` computing it over `x`'s rows: read where they
+/// lie when `x` is f32 on CPU (a pass's activations are), else converted.
+fn on_rows(
+    x: &Tensor,
+    (n, k): (usize, usize),
+    f: impl Fn(&[f32], &mut [f32]) -> Result<()>,
+) -> Result<Tensor> {
+    check_input(x, (n, k))?;
+    let x = x.contiguous()?;
+    let mut dst = vec![0f32; x.elem_count() / k.max(1) * n];
+    match f32_values(&x, |lhs| f(lhs, &mut dst)) {
+        Some(done) => done?,
+        None => f(&rows(&x)?, &mut dst)?,
+    }
+    output(&x, dst, n)
 }
 
 /// `x`'s values in f32, row-major.
