@@ -325,26 +325,51 @@ fn visible(qi: usize, p: &AttnParams<'_>) -> Vec<Range<usize>> {
 
 /// The per-key operations on the fastest path this CPU has, chosen once per call so that every
 /// row of the call is computed alike. Each query's score against a key and each output's sum
-/// over the keys come out the same however the queries and keys are grouped.
+/// over the keys come out the same however the queries and keys are grouped, and on either
+/// vector build.
 #[derive(Clone, Copy)]
-struct Ops {
-    simd: bool,
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Ops {
+    Scalar,
+    Avx2,
+    /// [`Ops::Avx2`]'s arithmetic in AVX-512's thirty-two registers.
+    Avx512,
+}
+
+/// Three query heads a kernel call (a row's on SmolLM2, whose key/value heads serve three):
+/// each key or value loaded serves them all.
+macro_rules! in_threes {
+    ($pairs:ident, $kernel:path, $($arg:expr),*) => {
+        loop {
+            let [a, b, c] = [$pairs.next(), $pairs.next(), $pairs.next()];
+            // SAFETY: `Ops::new` found the build's features and a head width that is a
+            // multiple of 8.
+            unsafe {
+                match (a, b, c) {
+                    (Some(a), Some(b), Some(c)) => $kernel([a, b, c], $($arg),*),
+                    (Some(a), Some(b), None) => $kernel([a, b], $($arg),*),
+                    (Some(a), None, _) => $kernel([a], $($arg),*),
+                    _ => break,
+                }
+            }
+        }
+    };
 }
 
 impl Ops {
     fn new(d: usize) -> Self {
         #[cfg(target_arch = "x86_64")]
-        let simd = d.is_multiple_of(8)
-            && matches!(
-                crate::kernels::Path::best(),
-                crate::kernels::Path::Avx2 | crate::kernels::Path::Avx512
-            );
+        if d.is_multiple_of(8) {
+            use crate::kernels::Path;
+            match Path::best() {
+                Path::Avx512 if is_x86_feature_detected!("avx512vl") => return Ops::Avx512,
+                Path::Avx2 | Path::Avx512 => return Ops::Avx2,
+                Path::Scalar => {}
+            }
+        }
         #[cfg(not(target_arch = "x86_64"))]
-        let simd = {
-            let _ = d;
-            false
-        };
-        Ops { simd }
+        let _ = d;
+        Ops::Scalar
     }
 
     /// Each query's scaled dot product with each key of `keys` (consecutive, `d` values each),
@@ -357,26 +382,18 @@ impl Ops {
         weights: impl Iterator<Item = &'w mut [f32]>,
     ) {
         let mut pairs = queries.zip(weights);
-        #[cfg(target_arch = "x86_64")]
-        if self.simd {
-            loop {
-                let [a, b, c] = [pairs.next(), pairs.next(), pairs.next()];
-                // SAFETY: `Ops::new` found AVX2, FMA and F16C and a head width that is a
-                // multiple of 8.
-                unsafe {
-                    match (a, b, c) {
-                        (Some(a), Some(b), Some(c)) => avx2::scores([a, b, c], keys, scale),
-                        (Some(a), Some(b), None) => avx2::scores([a, b], keys, scale),
-                        (Some(a), None, _) => avx2::scores([a], keys, scale),
-                        _ => return,
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Ops::Avx512 => in_threes!(pairs, avx512::scores, keys, scale),
+            #[cfg(target_arch = "x86_64")]
+            Ops::Avx2 => in_threes!(pairs, avx2::scores, keys, scale),
+            _ => {
+                for (query, weights) in pairs {
+                    let d = query.len();
+                    for (w, key) in weights.iter_mut().zip(keys.chunks_exact(d)) {
+                        *w = decode::dot(query, key) * scale;
                     }
                 }
-            }
-        }
-        for (query, weights) in pairs {
-            let d = query.len();
-            for (w, key) in weights.iter_mut().zip(keys.chunks_exact(d)) {
-                *w = decode::dot(query, key) * scale;
             }
         }
     }
@@ -386,8 +403,8 @@ impl Ops {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if self.simd {
-            // SAFETY: as in `Ops::scores`.
+        if !matches!(self, Ops::Scalar) {
+            // SAFETY: `Ops::new` found AVX2 and FMA.
             unsafe { decode::avx2::softmax(scores) };
             return;
         }
@@ -403,26 +420,19 @@ impl Ops {
         outs: impl Iterator<Item = &'o mut [f32]>,
     ) {
         let mut pairs = weights.zip(outs);
-        #[cfg(target_arch = "x86_64")]
-        if self.simd {
-            loop {
-                let [a, b, c] = [pairs.next(), pairs.next(), pairs.next()];
-                // SAFETY: as in `Ops::scores`.
-                unsafe {
-                    match (a, b, c) {
-                        (Some(a), Some(b), Some(c)) => avx2::accumulate([a, b, c], values),
-                        (Some(a), Some(b), None) => avx2::accumulate([a, b], values),
-                        (Some(a), None, _) => avx2::accumulate([a], values),
-                        _ => return,
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Ops::Avx512 => in_threes!(pairs, avx512::accumulate, values),
+            #[cfg(target_arch = "x86_64")]
+            Ops::Avx2 => in_threes!(pairs, avx2::accumulate, values),
+            _ => {
+                for (weights, out) in pairs {
+                    let d = out.len();
+                    for (w, value) in weights.iter().zip(values.chunks_exact(d)) {
+                        for (o, x) in out.iter_mut().zip(value) {
+                            *o += w * x.f32();
+                        }
                     }
-                }
-            }
-        }
-        for (weights, out) in pairs {
-            let d = out.len();
-            for (w, value) in weights.iter().zip(values.chunks_exact(d)) {
-                for (o, x) in out.iter_mut().zip(value) {
-                    *o += w * x.f32();
                 }
             }
         }
@@ -430,168 +440,262 @@ impl Ops {
 }
 
 /// The kernels in 256-bit vectors, up to three query heads of a row at a time so that each
-/// key or value loaded serves all of them. A score is the FMA chain over its 8-wide chunks and
-/// the same tree of horizontal adds as [`decode`]'s, and each output adds the keys' terms in
-/// order, so grouping changes no value.
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
+/// key or value loaded serves all of them, built twice from one source: for AVX2's sixteen
+/// vector registers, and for the thirty-two that AVX-512 gives the same 256-bit instructions,
+/// where twice the keys a step and a 64-wide head's whole output stay in registers (on sixteen,
+/// that tile spilled accumulators to the stack on every key). A score is the FMA chain over its
+/// 8-wide chunks and the same tree of horizontal adds as [`decode`]'s, and each output adds the
+/// keys' terms in order, so neither build nor grouping changes a value.
+macro_rules! kernels {
+    ($name:ident, $features:tt, keys: $keys:expr, chunks: $chunks:expr) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $name {
+            use std::arch::x86_64::*;
 
-    use super::super::decode::Elem;
+            use super::super::decode::Elem;
 
-    /// Keys per step of the scores: with three query heads, twelve accumulators, three queries'
-    /// chunks and a key's fill the sixteen registers.
-    const KEYS: usize = 4;
+            /// Keys per step of the scores (a multiple of 4): with three query heads, their
+            /// accumulators, the queries' chunks and a key's fill the registers.
+            const KEYS: usize = $keys;
 
-    /// 8-wide output chunks per step of the weighted sum.
-    const CHUNKS: usize = 4;
+            /// 8-wide output chunks per step of the weighted sum.
+            const CHUNKS: usize = $chunks;
 
-    /// `weights[j] = query · keys[j] · scale` for each `(query, weights)` pair.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; each query's width `d` must be a multiple of 8,
-    /// `keys` hold `weights.len()` keys of `d` values.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores<E: Elem, const Q: usize>(
-        mut pairs: [(&[f32], &mut [f32]); Q],
-        keys: &[E],
-        scale: f32,
-    ) {
-        let d = pairs[0].0.len();
-        let n = pairs[0].1.len();
-        let queries: [*const f32; Q] = std::array::from_fn(|i| pairs[i].0.as_ptr());
-        let scale = _mm_set1_ps(scale);
-        let mut j = 0;
-        while j < n {
-            let m = (n - j).min(KEYS);
-            // The last step repeats its last key in the lanes past `m` (computed, dropped).
-            let mut rows = [keys.as_ptr(); KEYS];
-            for (t, row) in rows.iter_mut().enumerate() {
-                // SAFETY: key `j + min(t, m - 1)` is one of the `n` keys.
-                *row = unsafe { keys.as_ptr().add((j + t.min(m - 1)) * d) };
+            /// `weights[j] = query · keys[j] · scale` for each `(query, weights)` pair.
+            ///
+            /// # Safety
+            /// The CPU must have this build's features; each query's width `d` must be a
+            /// multiple of 8, `keys` hold `weights.len()` keys of `d` values.
+            #[target_feature(enable = $features)]
+            pub unsafe fn scores<E: Elem, const Q: usize>(
+                mut pairs: [(&[f32], &mut [f32]); Q],
+                keys: &[E],
+                scale: f32,
+            ) {
+                let d = pairs[0].0.len();
+                let n = pairs[0].1.len();
+                let queries: [*const f32; Q] = std::array::from_fn(|i| pairs[i].0.as_ptr());
+                let scale = _mm_set1_ps(scale);
+                let mut j = 0;
+                while j < n {
+                    let m = (n - j).min(KEYS);
+                    // The last step repeats its last key in the lanes past `m` (computed,
+                    // dropped).
+                    let mut rows = [keys.as_ptr(); KEYS];
+                    for (t, row) in rows.iter_mut().enumerate() {
+                        // SAFETY: key `j + min(t, m - 1)` is one of the `n` keys.
+                        *row = unsafe { keys.as_ptr().add((j + t.min(m - 1)) * d) };
+                    }
+                    // SAFETY: the caller's features; `d`-wide queries and keys.
+                    let sums = unsafe { step::<E, Q>(queries, rows, d / 8) };
+                    for (sums, (_, weights)) in sums.into_iter().zip(pairs.iter_mut()) {
+                        let sums = sums.map(|four| _mm_mul_ps(four, scale));
+                        if m == KEYS {
+                            for (i, four) in sums.into_iter().enumerate() {
+                                // SAFETY: weights `j + 4i..j + 4i + 4` are within the `n`.
+                                unsafe { _mm_storeu_ps(weights.as_mut_ptr().add(j + 4 * i), four) };
+                            }
+                        } else {
+                            let mut all = [0f32; KEYS];
+                            for (four, all) in sums.into_iter().zip(all.chunks_exact_mut(4)) {
+                                // SAFETY: `all` holds 4 writable f32s.
+                                unsafe { _mm_storeu_ps(all.as_mut_ptr(), four) };
+                            }
+                            for (w, x) in weights[j..j + m].iter_mut().zip(all) {
+                                *w = x;
+                            }
+                        }
+                    }
+                    j += KEYS;
+                }
             }
-            // SAFETY: the caller's features; `d`-wide queries and keys.
-            let sums = unsafe { step::<E, Q>(queries, rows, d / 8) };
-            for (sums, (_, weights)) in sums.into_iter().zip(pairs.iter_mut()) {
-                let sums = _mm_mul_ps(sums, scale);
-                if m == KEYS {
-                    // SAFETY: weights `j..j + 4` are within the `n`.
-                    unsafe { _mm_storeu_ps(weights.as_mut_ptr().add(j), sums) };
-                } else {
-                    let mut all = [0f32; KEYS];
-                    // SAFETY: `all` is 4 writable f32s.
-                    unsafe { _mm_storeu_ps(all.as_mut_ptr(), sums) };
-                    for (w, x) in weights[j..j + m].iter_mut().zip(all) {
-                        *w = x;
+
+            /// Each query's dot products with the keys at `rows`, four keys to a vector.
+            ///
+            /// # Safety
+            /// The CPU must have this build's features; queries and keys hold `chunks`
+            /// 8-wide chunks.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn step<E: Elem, const Q: usize>(
+                queries: [*const f32; Q],
+                rows: [*const E; KEYS],
+                chunks: usize,
+            ) -> [[__m128; KEYS / 4]; Q] {
+                let mut acc = [[_mm256_setzero_ps(); KEYS]; Q];
+                for c in 0..chunks {
+                    let mut q = [_mm256_setzero_ps(); Q];
+                    for (q, query) in q.iter_mut().zip(queries) {
+                        // SAFETY: chunk `c` of a query.
+                        *q = unsafe { _mm256_loadu_ps(query.add(c * 8)) };
+                    }
+                    for (t, row) in rows.iter().enumerate() {
+                        // SAFETY: chunk `c` of a key; the caller's features.
+                        let k = unsafe { E::load8(&*row.add(c * 8).cast::<[E; 8]>()) };
+                        for (acc, q) in acc.iter_mut().zip(q) {
+                            acc[t] = _mm256_fmadd_ps(q, k, acc[t]);
+                        }
+                    }
+                }
+                let mut sums = [[_mm_setzero_ps(); KEYS / 4]; Q];
+                for (sums, acc) in sums.iter_mut().zip(&acc) {
+                    for (sum, four) in sums.iter_mut().zip(acc.chunks_exact(4)) {
+                        *sum = sums4([four[0], four[1], four[2], four[3]]);
+                    }
+                }
+                sums
+            }
+
+            /// `out += Σ weights[j] · values[j]` for each `(weights, out)` pair, key after key.
+            ///
+            /// # Safety
+            /// The CPU must have this build's features; each output's width `d` must be a
+            /// multiple of 8, `values` hold `weights.len()` rows of `d` values.
+            #[target_feature(enable = $features)]
+            pub unsafe fn accumulate<E: Elem, const Q: usize>(
+                mut pairs: [(&[f32], &mut [f32]); Q],
+                values: &[E],
+            ) {
+                let chunks = pairs[0].1.len() / 8;
+                let mut first = 0;
+                while first + CHUNKS <= chunks {
+                    // SAFETY: the caller's.
+                    unsafe { sum_chunks::<E, Q, CHUNKS>(&mut pairs, values, first) };
+                    first += CHUNKS;
+                }
+                while first < chunks {
+                    // SAFETY: the caller's.
+                    unsafe { sum_chunks::<E, Q, 1>(&mut pairs, values, first) };
+                    first += 1;
+                }
+            }
+
+            /// [`accumulate`] of output chunks `first..first + M`, kept in registers across
+            /// the keys.
+            ///
+            /// # Safety
+            /// As [`accumulate`]'s, and chunks `first..first + M` lie within `d`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn sum_chunks<E: Elem, const Q: usize, const M: usize>(
+                pairs: &mut [(&[f32], &mut [f32]); Q],
+                values: &[E],
+                first: usize,
+            ) {
+                let d = pairs[0].1.len();
+                let n = pairs[0].0.len();
+                let mut acc = [[_mm256_setzero_ps(); M]; Q];
+                for (acc, (_, out)) in acc.iter_mut().zip(pairs.iter()) {
+                    for (c, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: chunk `first + c` of a `d`-wide output.
+                        *acc = unsafe { _mm256_loadu_ps(out.as_ptr().add((first + c) * 8)) };
+                    }
+                }
+                for j in 0..n {
+                    // SAFETY: row `j` of the `n` rows of values.
+                    let row = unsafe { values.as_ptr().add(j * d + first * 8) };
+                    let mut w = [_mm256_setzero_ps(); Q];
+                    for (w, (weights, _)) in w.iter_mut().zip(pairs.iter()) {
+                        // SAFETY: `j` is below `n`, the weights' length.
+                        *w = _mm256_set1_ps(unsafe { *weights.get_unchecked(j) });
+                    }
+                    for c in 0..M {
+                        // SAFETY: chunk `first + c` of the row; the caller's features.
+                        let x = unsafe { E::load8(&*row.add(c * 8).cast::<[E; 8]>()) };
+                        for (acc, w) in acc.iter_mut().zip(w) {
+                            acc[c] = _mm256_fmadd_ps(w, x, acc[c]);
+                        }
+                    }
+                }
+                for (acc, (_, out)) in acc.iter().zip(pairs.iter_mut()) {
+                    for (c, acc) in acc.iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add((first + c) * 8), *acc) };
                     }
                 }
             }
-            j += KEYS;
+
+            /// The sum of each of four vectors' lanes: `((x0 + x1) + (x2 + x3)) + ((x4 + x5)
+            /// + (x6 + x7))`, the tree of [`super::decode`]'s eight-key sums.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn sums4(a: [__m256; 4]) -> __m128 {
+                let all = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+                _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps::<1>(all))
+            }
         }
+    };
+}
+
+kernels!(avx2, "avx2,fma,f16c", keys: 4, chunks: 4);
+kernels!(avx512, "avx2,fma,f16c,avx512f,avx512vl", keys: 8, chunks: 8);
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use half::f16;
+
+    use super::{avx2, avx512};
+
+    fn values(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| (i as f32 * 0.7548 + seed).sin()).collect()
     }
 
-    /// Each query's dot products with the four keys at `rows`, as 4 lanes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; queries and keys hold `chunks` 8-wide chunks.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn step<E: Elem, const Q: usize>(
-        queries: [*const f32; Q],
-        rows: [*const E; KEYS],
-        chunks: usize,
-    ) -> [__m128; Q] {
-        let mut acc = [[_mm256_setzero_ps(); KEYS]; Q];
-        for c in 0..chunks {
-            let mut q = [_mm256_setzero_ps(); Q];
-            for (q, query) in q.iter_mut().zip(queries) {
-                // SAFETY: chunk `c` of a query.
-                *q = unsafe { _mm256_loadu_ps(query.add(c * 8)) };
-            }
-            for (t, row) in rows.iter().enumerate() {
-                // SAFETY: chunk `c` of a key; the caller's features.
-                let k = unsafe { E::load8(&*row.add(c * 8).cast::<[E; 8]>()) };
-                for (acc, q) in acc.iter_mut().zip(q) {
-                    acc[t] = _mm256_fmadd_ps(q, k, acc[t]);
+    /// Three kernel pairs: each of `x` with the same one of `y`.
+    fn three<'a>(x: &'a [Vec<f32>], y: &'a mut [Vec<f32>]) -> [(&'a [f32], &'a mut [f32]); 3] {
+        let mut y = y.iter_mut();
+        std::array::from_fn(|i| {
+            (
+                x[i].as_slice(),
+                y.next().expect("three outputs").as_mut_slice(),
+            )
+        })
+    }
+
+    /// The AVX-512 build's scores and sums are the AVX2 build's, bit for bit, at head widths
+    /// that fill its tiles or leave tails, for as many keys as a step takes or a piece leaves.
+    #[test]
+    fn both_builds_compute_alike() {
+        let has = |f: &[&str]| {
+            f.iter().all(|f| match *f {
+                "avx512vl" => is_x86_feature_detected!("avx512vl"),
+                "avx512f" => is_x86_feature_detected!("avx512f"),
+                "avx2" => is_x86_feature_detected!("avx2"),
+                "fma" => is_x86_feature_detected!("fma"),
+                _ => is_x86_feature_detected!("f16c"),
+            })
+        };
+        // Only a CPU with both builds' features can compare them; CI's machines have them.
+        if !has(&["avx2", "fma", "f16c", "avx512f", "avx512vl"]) {
+            return;
+        }
+        for d in [8, 24, 64, 128] {
+            for n in [1, 3, 7, 8, 9, 64, 67] {
+                let keys = values(n * d, 0.3);
+                let half: Vec<f16> = keys.iter().map(|&x| f16::from_f32(x)).collect();
+                let queries: Vec<Vec<f32>> = (0..3).map(|h| values(d, 1.0 + h as f32)).collect();
+                let weights: Vec<Vec<f32>> = (0..3).map(|h| values(n, 2.0 + h as f32)).collect();
+                let outs: Vec<Vec<f32>> = (0..3).map(|h| values(d, 3.0 + h as f32)).collect();
+                let [mut scores_a, mut scores_b] = [0, 1].map(|_| vec![vec![0f32; n]; 3]);
+                let [mut sums_a, mut sums_b] = [0, 1].map(|_| outs.clone());
+                let [mut half_a, mut half_b] = [0, 1].map(|_| outs.clone());
+                // SAFETY: the CPU has both builds' features (checked above); `d` is a
+                // multiple of 8 and the slices hold `n` keys of `d` values.
+                unsafe {
+                    avx2::scores(three(&queries, &mut scores_a), &keys, 0.125);
+                    avx512::scores(three(&queries, &mut scores_b), &keys, 0.125);
+                    avx2::accumulate(three(&weights, &mut sums_a), &keys);
+                    avx512::accumulate(three(&weights, &mut sums_b), &keys);
+                    avx2::accumulate(three(&weights, &mut half_a), &half);
+                    avx512::accumulate(three(&weights, &mut half_b), &half);
                 }
+                let bits = |x: &[Vec<f32>]| -> Vec<u32> {
+                    x.concat().iter().map(|v| v.to_bits()).collect()
+                };
+                assert_eq!(bits(&scores_a), bits(&scores_b), "scores, d {d}, {n} keys");
+                assert_eq!(bits(&sums_a), bits(&sums_b), "sums, d {d}, {n} keys");
+                assert_eq!(bits(&half_a), bits(&half_b), "f16 sums, d {d}, {n} keys");
+                assert_ne!(bits(&sums_a), bits(&outs), "the sums added nothing");
             }
         }
-        acc.map(|acc| sums4(acc))
-    }
-
-    /// `out += Σ weights[j] · values[j]` for each `(weights, out)` pair, key after key.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; each output's width `d` must be a multiple of 8,
-    /// `values` hold `weights.len()` rows of `d` values.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn accumulate<E: Elem, const Q: usize>(
-        mut pairs: [(&[f32], &mut [f32]); Q],
-        values: &[E],
-    ) {
-        let chunks = pairs[0].1.len() / 8;
-        let mut first = 0;
-        while first + CHUNKS <= chunks {
-            // SAFETY: the caller's.
-            unsafe { sum_chunks::<E, Q, CHUNKS>(&mut pairs, values, first) };
-            first += CHUNKS;
-        }
-        while first < chunks {
-            // SAFETY: the caller's.
-            unsafe { sum_chunks::<E, Q, 1>(&mut pairs, values, first) };
-            first += 1;
-        }
-    }
-
-    /// [`accumulate`] of output chunks `first..first + M`, kept in registers across the keys.
-    ///
-    /// # Safety
-    /// As [`accumulate`]'s, and chunks `first..first + M` lie within `d`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn sum_chunks<E: Elem, const Q: usize, const M: usize>(
-        pairs: &mut [(&[f32], &mut [f32]); Q],
-        values: &[E],
-        first: usize,
-    ) {
-        let d = pairs[0].1.len();
-        let n = pairs[0].0.len();
-        let mut acc = [[_mm256_setzero_ps(); M]; Q];
-        for (acc, (_, out)) in acc.iter_mut().zip(pairs.iter()) {
-            for (c, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: chunk `first + c` of a `d`-wide output.
-                *acc = unsafe { _mm256_loadu_ps(out.as_ptr().add((first + c) * 8)) };
-            }
-        }
-        for j in 0..n {
-            // SAFETY: row `j` of the `n` rows of values.
-            let row = unsafe { values.as_ptr().add(j * d + first * 8) };
-            let mut x = [_mm256_setzero_ps(); M];
-            for (c, x) in x.iter_mut().enumerate() {
-                // SAFETY: chunk `first + c` of the row; the caller's features.
-                *x = unsafe { E::load8(&*row.add(c * 8).cast::<[E; 8]>()) };
-            }
-            for (acc, (weights, _)) in acc.iter_mut().zip(pairs.iter()) {
-                // SAFETY: `j` is below `n`, the weights' length.
-                let w = _mm256_set1_ps(unsafe { *weights.get_unchecked(j) });
-                for (acc, x) in acc.iter_mut().zip(x) {
-                    *acc = _mm256_fmadd_ps(w, x, *acc);
-                }
-            }
-        }
-        for (acc, (_, out)) in acc.iter().zip(pairs.iter_mut()) {
-            for (c, acc) in acc.iter().enumerate() {
-                // SAFETY: as above.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add((first + c) * 8), *acc) };
-            }
-        }
-    }
-
-    /// The sum of each of four vectors' lanes: `((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 +
-    /// x7))`, the tree of [`super::decode`]'s eight-key sums.
-    #[target_feature(enable = "avx2,fma")]
-    fn sums4(a: [__m256; 4]) -> __m128 {
-        let all = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-        _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps::<1>(all))
     }
 }

@@ -589,7 +589,7 @@ mod tests {
     /// query heads and of three then one, 20 wide on the scalar path.
     #[test]
     fn sequences_after_a_shared_prefix_attend_as_over_their_whole_keys() {
-        for (n_rep, d) in [(3, 8), (4, 24), (2, 20)] {
+        for (n_rep, d) in [(3, 8), (4, 24), (2, 20), (3, 64)] {
             after_a_shared_prefix(n_rep, d);
         }
     }
