@@ -6,7 +6,9 @@
 //! grouped-query attention first copies once per query head and pads) is op overhead and copies
 //! more than arithmetic: in a packed pass of 8 rows on SmolLM2 those were about half the pass.
 //! Here each (row, head) is a dot product per key, a softmax and a weighted sum of values, with
-//! no copy. f32 queries on CPU, against f32 or f16 keys and values (a state kept in f16 is read
+//! no copy, by the operations a prompt's rows use ([`super::ops`]), so a row decoded is a row
+//! scored, bit for bit; the query heads of one key/value head go together, so each key is read
+//! once for them all. f32 queries on CPU, against f32 or f16 keys and values (a state kept in f16 is read
 //! where it lies, converted 8 values at a time); elsewhere [`rows`] answers `None` and the
 //! caller takes the generic path. [`states`] is the same loop for a decode step over buffers of
 //! its own (`models/step.rs`): queries from a slice, keys read from each state where they lie.
@@ -17,12 +19,9 @@ use candle_core::{DType, Layout, Result, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
+use super::ops::Ops;
 use super::RowKeys;
-use crate::kernels::Path;
 use crate::kv::{LayerData, Values};
-
-/// Lanes of the scalar path's partial sums, so that it vectorizes (two SSE registers).
-const LANES: usize = 8;
 
 /// Bytes in a cache line.
 const LINE: usize = 64;
@@ -299,253 +298,54 @@ fn attend_all(
                 kv(r, &mut |pair| pair.prefetch(g, keys.clone(), d));
             }
             let (r, g, keys, scale) = task(i);
-            kv(r, &mut |pair| {
-                for (out, query) in out.chunks_exact_mut(d).zip(queries.chunks_exact(d)) {
-                    match pair {
-                        Pair::F32(k, v) => head(query, (k, v), g, keys.clone(), scale, out),
-                        Pair::F16(k, v) => head(query, (k, v), g, keys.clone(), scale, out),
-                    }
-                }
+            let head = (g, keys, scale, d);
+            kv(r, &mut |pair| match pair {
+                Pair::F32(k, v) => task_heads(queries, (k, v), head.clone(), out),
+                Pair::F16(k, v) => task_heads(queries, (k, v), head.clone(), out),
             });
         });
 }
 
-/// One query head against key/value head `g`, on the fastest path this CPU has.
-fn head<E: Elem>(
-    query: &[f32],
-    kv: (&Heads<'_, E>, &Heads<'_, E>),
-    g: usize,
-    keys: Range<usize>,
-    scale: f32,
+/// A task's query heads (`queries`, `d` values a head) against key/value head `g` at positions
+/// `keys`, scaled by `scale`, into `out`: each key and value is read once for all of them.
+fn task_heads<E: Elem>(
+    queries: &[f32],
+    (k, v): (&Heads<'_, E>, &Heads<'_, E>),
+    (g, keys, scale, d): (usize, Range<usize>, f32, usize),
     out: &mut [f32],
 ) {
-    SCORES.with_borrow_mut(|weights| {
-        weights.clear();
-        weights.resize(keys.len(), 0.0);
-        #[cfg(target_arch = "x86_64")]
-        if query.len().is_multiple_of(8) && matches!(Path::best(), Path::Avx2 | Path::Avx512) {
-            // SAFETY: the CPU has AVX2 and FMA (checked by `Path::best`), and the width is
-            // checked.
-            unsafe { avx2::attend(query, kv, g, keys, scale, out, weights) };
-            return;
+    let (n, ops) = (keys.len(), Ops::new(d));
+    out.fill(0.0);
+    if n == 0 {
+        return;
+    }
+    SCORES.with_borrow_mut(|scores| {
+        scores.clear();
+        scores.resize(n * out.len() / d, 0.0);
+        match (k.run(g, keys.clone(), d), v.run(g, keys.clone(), d)) {
+            (Some(ks), Some(vs)) => {
+                ops.scores(queries.chunks_exact(d), ks, scale, scores.chunks_mut(n));
+                scores.chunks_mut(n).for_each(|w| ops.softmax(w));
+                ops.accumulate(scores.chunks(n), vs, out.chunks_exact_mut(d));
+            }
+            // Positions further apart than a head's values: key by key, the same sums.
+            _ => {
+                for (at, j) in keys.clone().enumerate() {
+                    let weights = scores.chunks_mut(n).map(|w| &mut w[at..at + 1]);
+                    ops.scores(queries.chunks_exact(d), k.at(g, j, d), scale, weights);
+                }
+                scores.chunks_mut(n).for_each(|w| ops.softmax(w));
+                for (at, j) in keys.enumerate() {
+                    let weights = scores.chunks(n).map(|w| &w[at..at + 1]);
+                    ops.accumulate(weights, v.at(g, j, d), out.chunks_exact_mut(d));
+                }
+            }
         }
-        attend(query, kv, g, keys, scale, (out, weights));
     });
 }
 
 thread_local! {
-    /// A query's scores against its keys, reused by every head this thread computes: a head
-    /// allocates nothing.
+    /// A task's scores against its keys, reused by every task this thread runs: a decode
+    /// step allocates nothing.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// One query against key/value head `g` at positions `keys`, into `out`; `weights` (one per
-/// key) holds the scores.
-fn attend<E: Elem>(
-    query: &[f32],
-    (k, v): (&Heads<'_, E>, &Heads<'_, E>),
-    g: usize,
-    keys: Range<usize>,
-    scale: f32,
-    (out, weights): (&mut [f32], &mut [f32]),
-) {
-    let d = query.len();
-    for (w, j) in weights.iter_mut().zip(keys.clone()) {
-        *w = dot(query, k.at(g, j, d)) * scale;
-    }
-    softmax(weights);
-    out.fill(0.0);
-    for (w, j) in weights.iter().zip(keys) {
-        for (o, x) in out.iter_mut().zip(v.at(g, j, d)) {
-            *o += w * x.f32();
-        }
-    }
-}
-
-/// Scores into probabilities, in place.
-pub(super) fn softmax(scores: &mut [f32]) {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    for s in scores.iter_mut() {
-        *s /= sum;
-    }
-}
-
-/// `a · b` in [`LANES`] partial sums added as a tree.
-pub(super) fn dot<E: Elem>(a: &[f32], b: &[E]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (a_body, a_tail) = a.as_chunks::<LANES>();
-    let (b_body, b_tail) = b.as_chunks::<LANES>();
-    for (x, y) in a_body.iter().zip(b_body) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l].f32();
-        }
-    }
-    let tail: f32 = a_tail.iter().zip(b_tail).map(|(x, y)| x * y.f32()).sum();
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-    }
-    acc[0] + tail
-}
-
-/// [`attend`] in 256-bit vectors, for head widths that are a multiple of 8. A dot product per
-/// key is a chain of dependent FMAs, so eight keys go at a time (their sums reduced together,
-/// by horizontal adds); the weighted sum keeps up to 64 outputs in registers across all keys.
-/// Four keys and 32 outputs a step had left one FMA chain of the units idle, with a
-/// horizontal sum per key and two sweeps of a 64-wide head's values; most of the time left is
-/// reading keys and values from memory. The softmax's exponentials are computed 8 at a time ([`crate::models::glu`]'s, within 2 ulp of
-/// libm's): per call, a decode row's query head had spent more on allocating its scores (now
-/// in [`SCORES`]) and on libm's `expf` over a few dozen keys than on its FMAs.
-#[cfg(target_arch = "x86_64")]
-pub(super) mod avx2 {
-    use std::arch::x86_64::*;
-    use std::ops::Range;
-
-    use super::{Elem, Heads};
-    use crate::models::glu::exp8;
-
-    /// Keys per step of the scores, and 8-wide output chunks per step of the weighted sum:
-    /// eight independent chains of FMAs, as many as two FMA units with a 4-cycle latency keep
-    /// busy.
-    const AT_ONCE: usize = 8;
-
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C, and `query.len()` must be a multiple of 8.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn attend<E: Elem>(
-        query: &[f32],
-        (k, v): (&Heads<'_, E>, &Heads<'_, E>),
-        g: usize,
-        keys: Range<usize>,
-        scale: f32,
-        out: &mut [f32],
-        weights: &mut [f32],
-    ) {
-        attend_with(query, (k, v), g, keys, scale, out, weights);
-    }
-
-    /// [`attend`] with `weights` (one per key) to hold the scores.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn attend_with<E: Elem>(
-        query: &[f32],
-        (k, v): (&Heads<'_, E>, &Heads<'_, E>),
-        g: usize,
-        keys: Range<usize>,
-        scale: f32,
-        out: &mut [f32],
-        weights: &mut [f32],
-    ) {
-        let d = query.len();
-        let (q, _) = query.as_chunks::<8>();
-        for (at, ws) in weights.chunks_mut(AT_ONCE).enumerate() {
-            let first = keys.start + at * AT_ONCE;
-            let rows: [&[E]; AT_ONCE] =
-                std::array::from_fn(|t| k.at(g, first + t.min(ws.len() - 1), d));
-            let mut acc = [_mm256_setzero_ps(); AT_ONCE];
-            for (c, q) in q.iter().enumerate() {
-                let q = load(q);
-                for (acc, row) in acc.iter_mut().zip(rows) {
-                    // SAFETY: this function's features.
-                    let k = unsafe { E::load8(chunk(row, c)) };
-                    *acc = _mm256_fmadd_ps(q, k, *acc);
-                }
-            }
-            let sums = _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale));
-            let mut all = [0f32; AT_ONCE];
-            // SAFETY: `all` is 8 writable f32s.
-            unsafe { _mm256_storeu_ps(all.as_mut_ptr(), sums) };
-            ws.copy_from_slice(&all[..ws.len()]);
-        }
-        softmax(weights);
-        let (out, _) = out.as_chunks_mut::<8>();
-        for (step, out) in out.chunks_mut(AT_ONCE).enumerate() {
-            let mut acc = [_mm256_setzero_ps(); AT_ONCE];
-            for (w, j) in weights.iter().zip(keys.clone()) {
-                let w = _mm256_set1_ps(*w);
-                let row = v.at(g, j, d);
-                for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
-                    // SAFETY: this function's features.
-                    let x = unsafe { E::load8(chunk(row, step * AT_ONCE + c)) };
-                    *acc = _mm256_fmadd_ps(w, x, *acc);
-                }
-            }
-            for (out, acc) in out.iter_mut().zip(acc) {
-                // SAFETY: `out` is 8 writable f32s.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
-            }
-        }
-    }
-
-    /// Scores into probabilities, in place, 8 at a time: the same steps as the scalar
-    /// [`super::softmax`] (max, `exp(s - max)`, their sum, each divided by it).
-    #[target_feature(enable = "avx2,fma")]
-    pub(in crate::attention) fn softmax(scores: &mut [f32]) {
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let (body, tail) = scores.as_chunks_mut::<8>();
-        let mut sums = _mm256_setzero_ps();
-        for s in body.iter_mut() {
-            let e = exp8(_mm256_sub_ps(load(s), _mm256_set1_ps(max)));
-            sums = _mm256_add_ps(sums, e);
-            // SAFETY: `s` is 8 writable f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), e) };
-        }
-        let mut total = sum(sums);
-        for s in tail.iter_mut() {
-            *s = (*s - max).exp();
-            total += *s;
-        }
-        let by = _mm256_set1_ps(total);
-        for s in body.iter_mut() {
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), _mm256_div_ps(load(s), by)) };
-        }
-        for s in tail.iter_mut() {
-            *s /= total;
-        }
-    }
-
-    /// The sum of each of eight vectors' lanes, as one vector.
-    #[target_feature(enable = "avx2,fma")]
-    fn sums8(a: [__m256; 8]) -> __m256 {
-        let pairs = [
-            _mm256_hadd_ps(a[0], a[1]),
-            _mm256_hadd_ps(a[2], a[3]),
-            _mm256_hadd_ps(a[4], a[5]),
-            _mm256_hadd_ps(a[6], a[7]),
-        ];
-        // Lanes 0..4: each of a[0..4]'s first four lanes summed; 4..8: their last four.
-        let low = _mm256_hadd_ps(pairs[0], pairs[1]);
-        let high = _mm256_hadd_ps(pairs[2], pairs[3]);
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(low, high),
-            _mm256_permute2f128_ps::<0x31>(low, high),
-        )
-    }
-
-    /// The `c`th 8 values of `row`.
-    #[inline(always)]
-    fn chunk<E>(row: &[E], c: usize) -> &[E; 8] {
-        &row.as_chunks::<8>().0[c]
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn load(x: &[f32; 8]) -> __m256 {
-        // SAFETY: `x` is 8 readable f32s; the load is unaligned.
-        unsafe { _mm256_loadu_ps(x.as_ptr()) }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn sum(x: __m256) -> f32 {
-        let half = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-        let pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-        _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
-    }
 }

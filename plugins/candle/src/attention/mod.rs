@@ -13,6 +13,7 @@ use candle_core::{Device, Result, Tensor, D};
 
 pub mod decode;
 pub mod fused;
+mod ops;
 
 /// What an attention call needs besides q, k and v.
 #[derive(Debug, Clone, Copy)]
@@ -449,8 +450,9 @@ mod tests {
 
     #[test]
     fn decode_rows_agree_with_eager_one_sequence_at_a_time() {
-        // Head widths for the scalar path (20) and the SIMD one (24: three 8-wide chunks).
-        for d in [20, 24] {
+        // Head widths for the scalar path (20) and the SIMD one (24: three 8-wide chunks; 64:
+        // the AVX-512 build's whole tile).
+        for d in [20, 24, 64] {
             decode_rows_agree_with_eager(d);
         }
     }
@@ -517,6 +519,16 @@ mod tests {
         let grouped = one.install(|| decode::rows(&q, &keys)).unwrap().unwrap();
         let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(values(&grouped), values(&fused));
+        // Decoded or scored with the prompt's rows, a row comes out the same bits.
+        for (i, r) in keys.iter().enumerate() {
+            let row = q.narrow(2, i, 1).unwrap().contiguous().unwrap();
+            let scored = Sdpa.forward(&row, r.k, r.v, &r.params).unwrap();
+            assert_eq!(
+                values(&scored),
+                values(&fused.narrow(2, i, 1).unwrap()),
+                "row {i}"
+            );
+        }
         for name in names() {
             let out = resolve(&name).unwrap().forward_rows(&q, &keys).unwrap();
             let diff = max_diff(&expected, &out);
