@@ -133,8 +133,9 @@ impl Ops {
 /// vector registers, and for the thirty-two that AVX-512 gives the same 256-bit instructions,
 /// where twice the keys a step and a 64-wide head's whole output stay in registers (on sixteen,
 /// that tile spilled accumulators to the stack on every key). A score is the FMA chain over its
-/// 8-wide chunks and the same tree of horizontal adds as [`dot`]'s lanes, and each output adds the
-/// keys' terms in order, so neither build nor grouping changes a value.
+/// 8-wide chunks, its lanes then added by one tree of horizontal adds (`sums4`), and each
+/// output adds the keys' terms in order, so neither build nor grouping changes a value. (The
+/// scalar [`dot`], for CPUs without AVX2, adds its lanes in another order.)
 macro_rules! kernels {
     ($name:ident, $features:tt, keys: $keys:expr, chunks: $chunks:expr) => {
         #[cfg(target_arch = "x86_64")]
