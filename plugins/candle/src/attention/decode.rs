@@ -8,10 +8,11 @@
 //! Here each (row, head) is a dot product per key, a softmax and a weighted sum of values, with
 //! no copy, by the operations a prompt's rows use ([`super::ops`]), so a row decoded is a row
 //! scored, bit for bit; the query heads of one key/value head go together, so each key is read
-//! once for them all. f32 queries on CPU, against f32 or f16 keys and values (a state kept in f16 is read
-//! where it lies, converted 8 values at a time); elsewhere [`rows`] answers `None` and the
-//! caller takes the generic path. [`states`] is the same loop for a decode step over buffers of
-//! its own (`models/step.rs`): queries from a slice, keys read from each state where they lie.
+//! once for them all. f32 queries on CPU, against f32 or f16 keys and values (a state kept in
+//! f16 is read where it lies, converted 8 values at a time); elsewhere [`rows`] answers `None`
+//! and the caller takes the generic path. [`states`] is the same loop for a decode step over
+//! buffers of its own (`models/step.rs`): queries from a slice, keys read from each state where
+//! they lie.
 
 use std::ops::Range;
 
