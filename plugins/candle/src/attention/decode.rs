@@ -280,6 +280,8 @@ fn attend_all(
         1
     };
     let tasks = n * heads / per.max(1);
+    // Chosen once a call, so that every row of the pass is computed alike.
+    let ops = Ops::new(d);
     // Task `i`'s row, key/value head and the positions it reads (the window's last keys, up
     // to the query's own).
     let task = |i: usize| {
@@ -299,7 +301,7 @@ fn attend_all(
                 kv(r, &mut |pair| pair.prefetch(g, keys.clone(), d));
             }
             let (r, g, keys, scale) = task(i);
-            let head = (g, keys, scale, d);
+            let head = (g, keys, scale, d, ops);
             kv(r, &mut |pair| match pair {
                 Pair::F32(k, v) => task_heads(queries, (k, v), head.clone(), out),
                 Pair::F16(k, v) => task_heads(queries, (k, v), head.clone(), out),
@@ -308,14 +310,15 @@ fn attend_all(
 }
 
 /// A task's query heads (`queries`, `d` values a head) against key/value head `g` at positions
-/// `keys`, scaled by `scale`, into `out`: each key and value is read once for all of them.
+/// `keys`, scaled by `scale`, into `out` by `ops`: each key and value is read once for all of
+/// them.
 fn task_heads<E: Elem>(
     queries: &[f32],
     (k, v): (&Heads<'_, E>, &Heads<'_, E>),
-    (g, keys, scale, d): (usize, Range<usize>, f32, usize),
+    (g, keys, scale, d, ops): (usize, Range<usize>, f32, usize, Ops),
     out: &mut [f32],
 ) {
-    let (n, ops) = (keys.len(), Ops::new(d));
+    let n = keys.len();
     out.fill(0.0);
     if n == 0 {
         return;

@@ -431,17 +431,13 @@ mod tests {
     /// that fill its tiles or leave tails, for as many keys as a step takes or a piece leaves.
     #[test]
     fn both_builds_compute_alike() {
-        let has = |f: &[&str]| {
-            f.iter().all(|f| match *f {
-                "avx512vl" => is_x86_feature_detected!("avx512vl"),
-                "avx512f" => is_x86_feature_detected!("avx512f"),
-                "avx2" => is_x86_feature_detected!("avx2"),
-                "fma" => is_x86_feature_detected!("fma"),
-                _ => is_x86_feature_detected!("f16c"),
-            })
-        };
         // Only a CPU with both builds' features can compare them; CI's machines have them.
-        if !has(&["avx2", "fma", "f16c", "avx512f", "avx512vl"]) {
+        let both = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vl");
+        if !both {
             return;
         }
         for d in [8, 24, 64, 128] {
@@ -451,7 +447,8 @@ mod tests {
                 let queries: Vec<Vec<f32>> = (0..3).map(|h| values(d, 1.0 + h as f32)).collect();
                 let weights: Vec<Vec<f32>> = (0..3).map(|h| values(n, 2.0 + h as f32)).collect();
                 let outs: Vec<Vec<f32>> = (0..3).map(|h| values(d, 3.0 + h as f32)).collect();
-                let [mut scores_a, mut scores_b] = [0, 1].map(|_| vec![vec![0f32; n]; 3]);
+                let [mut scores_a, mut scores_b, mut f16_a, mut f16_b] =
+                    [0, 1, 2, 3].map(|_| vec![vec![0f32; n]; 3]);
                 let [mut sums_a, mut sums_b] = [0, 1].map(|_| outs.clone());
                 let [mut half_a, mut half_b] = [0, 1].map(|_| outs.clone());
                 // SAFETY: the CPU has both builds' features (checked above); `d` is a
@@ -459,6 +456,8 @@ mod tests {
                 unsafe {
                     avx2::scores(three(&queries, &mut scores_a), &keys, 0.125);
                     avx512::scores(three(&queries, &mut scores_b), &keys, 0.125);
+                    avx2::scores(three(&queries, &mut f16_a), &half, 0.125);
+                    avx512::scores(three(&queries, &mut f16_b), &half, 0.125);
                     avx2::accumulate(three(&weights, &mut sums_a), &keys);
                     avx512::accumulate(three(&weights, &mut sums_b), &keys);
                     avx2::accumulate(three(&weights, &mut half_a), &half);
@@ -468,6 +467,7 @@ mod tests {
                     x.concat().iter().map(|v| v.to_bits()).collect()
                 };
                 assert_eq!(bits(&scores_a), bits(&scores_b), "scores, d {d}, {n} keys");
+                assert_eq!(bits(&f16_a), bits(&f16_b), "f16 scores, d {d}, {n} keys");
                 assert_eq!(bits(&sums_a), bits(&sums_b), "sums, d {d}, {n} keys");
                 assert_eq!(bits(&half_a), bits(&half_b), "f16 sums, d {d}, {n} keys");
                 assert_ne!(bits(&sums_a), bits(&outs), "the sums added nothing");
