@@ -11,17 +11,19 @@
 //! over the input pairs in order, so a row's result does not depend on how many rows share
 //! its call or where it falls in a tile.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 /// Output columns per panel: the f32 lanes of a 512-bit register.
-const LANES: usize = 16;
+pub const LANES: usize = 16;
 
 /// Panels a register tile spans.
-const WIDE: usize = 4;
+pub const WIDE: usize = 4;
 
 /// Rows per register tile: 24 accumulators (`WIDE` panels each), `WIDE` panel loads and a
 /// broadcast of AVX-512's 32 registers; each step loads 10 registers for 24 instructions.
-const TILE: usize = 6;
+pub const TILE: usize = 6;
 
 /// Rows per task block: a block's rounded inputs stay in the L2 cache while panels pass by.
 const BLOCK: usize = 96;
@@ -46,15 +48,90 @@ impl Packed {
         }
         let pairs = k.div_ceil(2);
         let mut panels = vec![0u32; n.div_ceil(LANES) * LANES * pairs];
-        for (p, panel) in panels.chunks_exact_mut(LANES * pairs).enumerate() {
-            for c in 0..LANES.min(n - p * LANES) {
-                let row = &w[(p * LANES + c) * k..][..k];
-                for (t, pair) in row.chunks(2).enumerate() {
-                    panel[t * LANES + c] = pair_of(pair);
-                }
+        let mut words = vec![0u32; pairs];
+        for (j, row) in w.chunks_exact(k).enumerate() {
+            // SAFETY: `available()` was checked above.
+            unsafe { avx512::round(row, &mut words) };
+            let panel = &mut panels[j / LANES * LANES * pairs..][..LANES * pairs];
+            for (t, &word) in words.iter().enumerate() {
+                panel[t * LANES + j % LANES] = word;
             }
         }
         Some(Packed { n, k, panels })
+    }
+
+    /// [`Packed::new`] of `wᵀ`, for `w` row-major `(k, n)`: attention's values, whose rows are
+    /// keys, as the matrix that weights over the keys multiply.
+    pub fn transposed(w: &[f32], (k, n): (usize, usize)) -> Option<Packed> {
+        if !available() || w.len() != n * k || n == 0 || k == 0 {
+            return None;
+        }
+        let pairs = k.div_ceil(2);
+        let mut panels = vec![0u32; n.div_ceil(LANES) * LANES * pairs];
+        let (mut low, mut high) = (vec![0u16; n], vec![0u16; n]);
+        for (t, two) in w.chunks(2 * n).enumerate() {
+            let (first, second) = two.split_at(n);
+            // SAFETY: `available()` was checked above.
+            unsafe { avx512::round_halves(first, &mut low) };
+            match second.is_empty() {
+                // SAFETY: as above.
+                false => unsafe { avx512::round_halves(second, &mut high) },
+                true => high.fill(0),
+            }
+            for (c, (&lo, &hi)) in low.iter().zip(&high).enumerate() {
+                panels[c / LANES * LANES * pairs + t * LANES + c % LANES] =
+                    u32::from(lo) | u32::from(hi) << 16;
+            }
+        }
+        Some(Packed { n, k, panels })
+    }
+
+    /// `row` rounded to bf16 as this matrix was, one value to each of `to`'s halfwords (each
+    /// two of them one word of the inputs [`Packed::tile`] takes).
+    pub fn round(&self, row: &[f32], to: &mut [u16]) {
+        assert_eq!(row.len(), to.len(), "one halfword per value");
+        // SAFETY: a `Packed` is made only where `available()`.
+        unsafe { avx512::round_halves(row, to) }
+    }
+
+    /// `row` rounded to bf16 pairs as this matrix was, the inputs [`Packed::tile`] takes (an
+    /// odd last value paired with zero).
+    pub fn round_pairs(&self, row: &[f32], to: &mut [u32]) {
+        assert_eq!(row.len().div_ceil(2), to.len(), "one word per pair");
+        // SAFETY: a `Packed` is made only where `available()`.
+        unsafe { avx512::round(row, to) }
+    }
+
+    /// `acc[r][c] = Σₜ x[r][t - pairs.start] · W[16·first + c][t]` over pairs `t` in `pairs`:
+    /// up to [`TILE`] rows of `x` (bf16 pairs, `stride` words apart) against the [`WIDE`]
+    /// panels from `first` (past the last panel, it again; columns past `n` are zero), each
+    /// output one chain of products in order.
+    pub fn tile(
+        &self,
+        x: &[u32],
+        stride: usize,
+        pairs: Range<usize>,
+        first: usize,
+        acc: &mut [[f32; WIDE * LANES]],
+    ) {
+        let all = self.k.div_ceil(2);
+        assert!(
+            pairs.end <= all && pairs.len() <= stride,
+            "pairs {pairs:?} of {all}"
+        );
+        assert!(!acc.is_empty() && acc.len() <= TILE, "{} rows", acc.len());
+        assert!(
+            x.len() >= (acc.len() - 1) * stride + pairs.len(),
+            "{} words",
+            x.len()
+        );
+        let last = self.n.div_ceil(LANES) - 1;
+        let wide: [&[u32]; WIDE] = std::array::from_fn(|i| {
+            &self.panels[(first + i).min(last) * LANES * all + pairs.start * LANES..]
+        });
+        // SAFETY: a `Packed` is made only where `available()`; `x` holds the rows (asserted
+        // above) and each panel holds pairs `pairs` past its start.
+        unsafe { avx512::tile(x, stride, pairs.len(), wide, acc) };
     }
 
     /// `(n, k)`.
@@ -127,7 +204,7 @@ impl Packed {
                     let x = &rounded[tile * pairs..(tile + r) * pairs];
                     // SAFETY: `available()` was checked when this matrix was packed; `x` holds
                     // `r` rows of `pairs` words, each panel `LANES · pairs`.
-                    unsafe { avx512::tile(x, pairs, wide, &mut acc[..r]) };
+                    unsafe { avx512::tile(x, pairs, pairs, wide, &mut acc[..r]) };
                     for (i, acc) in acc[..r].iter().enumerate() {
                         // SAFETY: each task writes only its rows' columns of its own panels,
                         // within `out` (checked above); no two tasks share a (row, panel).
@@ -198,15 +275,16 @@ mod avx512 {
 
     use super::{pair_of, LANES, TILE, WIDE};
 
-    /// `acc[r][c] = Σₜ x[r][t] · panels[c / LANES][t][c % LANES]` over bf16 pairs, for the
-    /// `acc.len()` rows of `x` (`pairs` words each).
+    /// `acc[r][c] = Σₜ x[r][t] · panels[c / LANES][t][c % LANES]` over `pairs` bf16 pairs,
+    /// for the `acc.len()` rows of `x` (`stride` words apart).
     ///
     /// # Safety
     /// The CPU must have AVX-512 F and BF16; `x` holds `acc.len() ≤ TILE` rows of `pairs`
-    /// words, each panel `LANES · pairs`.
+    /// words, `stride` apart, each panel `LANES · pairs`.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn tile(
         x: &[u32],
+        stride: usize,
         pairs: usize,
         panels: [&[u32]; WIDE],
         acc: &mut [[f32; WIDE * LANES]],
@@ -215,13 +293,34 @@ mod avx512 {
         // in registers.
         unsafe {
             match acc.len() {
-                1 => rows::<1>(x, pairs, panels, acc),
-                2 => rows::<2>(x, pairs, panels, acc),
-                3 => rows::<3>(x, pairs, panels, acc),
-                4 => rows::<4>(x, pairs, panels, acc),
-                5 => rows::<5>(x, pairs, panels, acc),
-                _ => rows::<TILE>(x, pairs, panels, acc),
+                1 => rows::<1>(x, stride, pairs, panels, acc),
+                2 => rows::<2>(x, stride, pairs, panels, acc),
+                3 => rows::<3>(x, stride, pairs, panels, acc),
+                4 => rows::<4>(x, stride, pairs, panels, acc),
+                5 => rows::<5>(x, stride, pairs, panels, acc),
+                _ => rows::<TILE>(x, stride, pairs, panels, acc),
             }
+        }
+    }
+
+    /// `row` rounded to bf16 into `to` (one value a word, as long as `row`), 16 values an
+    /// instruction and the rest as [`pair_of`] rounds them, which is the same rounding.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn round_halves(row: &[f32], to: &mut [u16]) {
+        let (body, tail) = row.as_chunks::<LANES>();
+        let (to_body, to_tail) = to.as_chunks_mut::<LANES>();
+        for (values, to) in body.iter().zip(to_body) {
+            // SAFETY: 16 readable f32s and 16 writable words; the accesses are unaligned.
+            unsafe {
+                let half = _mm512_cvtneps_pbh(_mm512_loadu_ps(values.as_ptr()));
+                _mm256_storeu_si256(to.as_mut_ptr().cast(), transmute::<__m256bh, __m256i>(half));
+            }
+        }
+        for (&value, to) in tail.iter().zip(to_tail) {
+            *to = pair_of(&[value]) as u16;
         }
     }
 
@@ -248,11 +347,12 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn rows<const R: usize>(
         x: &[u32],
+        stride: usize,
         pairs: usize,
         panels: [&[u32]; WIDE],
         acc: &mut [[f32; WIDE * LANES]],
     ) {
-        assert!(x.len() >= R * pairs && acc.len() >= R);
+        assert!(x.len() >= (R - 1) * stride + pairs && acc.len() >= R);
         assert!(panels.iter().all(|p| p.len() >= pairs * LANES));
         let mut sums = [[_mm512_setzero_ps(); WIDE]; R];
         let x = x.as_ptr();
@@ -266,7 +366,7 @@ mod avx512 {
                 });
                 for (r, sums) in sums.iter_mut().enumerate() {
                     let v = transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
-                        *x.add(r * pairs + t) as i32,
+                        *x.add(r * stride + t) as i32,
                     ));
                     for (sum, w) in sums.iter_mut().zip(w) {
                         *sum = _mm512_dpbf16_ps(*sum, v, w);
@@ -291,6 +391,7 @@ mod avx512 {
     pub(super) unsafe fn tile(
         _: &[u32],
         _: usize,
+        _: usize,
         _: [&[u32]; WIDE],
         _: &mut [[f32; WIDE * LANES]],
     ) {
@@ -298,6 +399,10 @@ mod avx512 {
     }
 
     pub(super) unsafe fn round(_: &[f32], _: &mut [u32]) {
+        unreachable!("bf16 matrices are packed only on x86-64 with AVX-512 BF16")
+    }
+
+    pub(super) unsafe fn round_halves(_: &[f32], _: &mut [u16]) {
         unreachable!("bf16 matrices are packed only on x86-64 with AVX-512 BF16")
     }
 }
@@ -354,6 +459,83 @@ mod tests {
                     (got - sum).abs() <= 1e-6 * size,
                     "row {r} col {j}: {got} vs {sum}"
                 );
+            }
+        }
+    }
+
+    /// A transposed packing holds the transpose's bf16 values; a tile over a run of pairs, its
+    /// rows any stride apart, sums exactly that run's products (the chain [`Packed::matmul`]
+    /// computes for the whole row when the run is all of it), and `round` rounds as packing
+    /// did.
+    #[test]
+    fn tiles_sum_runs_of_pairs_of_a_transposed_matrix() {
+        let (k, n) = (45, 21);
+        let w: Vec<f32> = (0..k * n).map(value).collect();
+        let Some(packed) = Packed::transposed(&w, (k, n)) else {
+            assert!(!available(), "packing refused on a CPU with AVX-512 BF16");
+            return;
+        };
+        let wt: Vec<f32> = (0..n * k).map(|i| w[i % k * n + i / k]).collect();
+        let plain = Packed::new(&wt, (n, k)).expect("available");
+        let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
+        for j in 0..n {
+            assert!(packed.row_into(j, &mut a) && plain.row_into(j, &mut b));
+            assert_eq!(a, b, "column {j}");
+        }
+        let stride = 30;
+        let x: Vec<f32> = (0..4 * 2 * stride).map(|i| value(i + 5)).collect();
+        let mut halves = vec![0u16; x.len()];
+        packed.round(&x, &mut halves);
+        let round = |v: f32| f32::from_bits(pair_of(&[v]) << 16);
+        assert!(halves
+            .iter()
+            .zip(&x)
+            .all(|(&h, &v)| f32::from_bits(u32::from(h) << 16) == round(v)));
+        let words: Vec<u32> = halves
+            .chunks(2)
+            .map(|p| u32::from(p[0]) | u32::from(p[1]) << 16)
+            .collect();
+        let mut whole = vec![0f32; 4 * n];
+        let rows: Vec<f32> = x.chunks(2 * stride).flat_map(|r| r[..k].to_vec()).collect();
+        plain.matmul(&rows, &mut whole);
+        for pairs in [0..23, 3..11, 22..23] {
+            for first in [0, 1] {
+                let mut acc = [[0f32; WIDE * LANES]; 4];
+                packed.tile(
+                    &words[pairs.start..],
+                    stride,
+                    pairs.clone(),
+                    first,
+                    &mut acc,
+                );
+                for (r, acc) in acc.iter().enumerate() {
+                    let row = &x[r * 2 * stride..];
+                    for (c, &got) in acc.iter().enumerate() {
+                        // Panels past the last repeat it; columns past `n` hold zeros.
+                        let col = (first + c / LANES).min(1) * LANES + c % LANES;
+                        let terms: Vec<f32> = (2 * pairs.start..(2 * pairs.end).min(k))
+                            .map(|i| match col < n {
+                                true => round(row[i]) * round(w[i * n + col]),
+                                false => 0.0,
+                            })
+                            .collect();
+                        let want: f32 = terms.iter().sum();
+                        let size: f32 = terms.iter().map(|t| t.abs()).sum();
+                        // Each of two sums of at most 46 exact products is within 46 units
+                        // of f32 rounding of their sizes' sum.
+                        assert!(
+                            (got - want).abs() <= 6e-6 * size,
+                            "{pairs:?} row {r} col {col}"
+                        );
+                        if pairs.len() == 23 && first == 0 && col < n {
+                            assert_eq!(
+                                got.to_bits(),
+                                whole[r * n + col].to_bits(),
+                                "row {r} col {col}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
