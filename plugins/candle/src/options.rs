@@ -95,8 +95,10 @@ pub fn specs() -> Vec<OptionSpec> {
             "attn_implementation",
             OptionKind::String,
             json!("sdpa"),
-            "A registered attention implementation: sdpa (fused on CPU in f32), eager, chunked, \
-             or one an app registered.",
+            "A registered attention implementation: sdpa (fused on CPU in f32; under weights = \
+             bf16 it is sdpa_bf16), sdpa_bf16 (sdpa, with a cached prefix that a pass's \
+             sequences share attended in bf16 products, where the CPU has AVX-512 BF16), eager, \
+             chunked, or one an app registered.",
         ),
         OptionSpec::choice(
             "model_class",

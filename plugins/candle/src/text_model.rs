@@ -284,7 +284,12 @@ impl TextModel {
         let s = &self.settings;
         let device = s.device()?;
         let dtype = s.dtype_on(&device)?;
-        let attention = attention::resolve(&s.attn_implementation).map_err(PluginError::config)?;
+        let attention = match (s.weights, s.attn_implementation.as_str()) {
+            // bf16 products in the linear layers, and in attention over a shared prefix.
+            (weights::WeightFormat::Bf16, "sdpa") => "sdpa_bf16",
+            (_, name) => name,
+        };
+        let attention = attention::resolve(attention).map_err(PluginError::config)?;
         let memory_budget = s.memory_budget.bytes_on(&device);
         let build = BuildOptions {
             dtype,

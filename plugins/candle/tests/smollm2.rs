@@ -665,3 +665,45 @@ fn score_hidden_hides_spans_from_the_last_message_on_and_reuses_the_rest() {
         "fact {fact}, sky {sky}"
     );
 }
+
+/// Under `weights = "bf16"` the coalitions of `score_hidden` attend to the cached context in
+/// bf16 products (`sdpa_bf16`): their logprobs move from the cache-off pass's (the whole
+/// prompt's rows in f32 attention) by that rounding (0.04 measured; under `sdpa` they would not
+/// move at all, as bf16 linear layers compute each row alike in any pass), within the 0.1 that
+/// `bf16` is held to; the answer's dependence on the fact survives. The instruction rounds and
+/// sums alike on every CPU that has it, so the gap does too.
+#[test]
+fn under_bf16_weights_a_cached_context_is_attended_in_bf16_products() {
+    if !lmhost_candle::kernels::bf16::available() {
+        // Refused without AVX-512 BF16: `tensor_types.rs` checks the error.
+        return;
+    }
+    let (snapshot, parts) = hiding_case();
+    let (off, on) = (
+        open(json!({"weights": "bf16"})),
+        open(json!({"weights": "bf16"})),
+    );
+    on.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
+        enabled: true,
+        max_entries: 64,
+        max_bytes: 0,
+    })
+    .unwrap();
+    let reply = "The capital of Freedonia is Sylvania.";
+    let hidden = [vec![], vec![0], vec![1]];
+    let cold = off
+        .score_hidden(&snapshot, reply, &parts, &hidden, 1)
+        .unwrap();
+    let warm = on
+        .score_hidden(&snapshot, reply, &parts, &hidden, 1)
+        .unwrap();
+    let gap = cold
+        .iter()
+        .zip(&warm)
+        .map(|(c, w)| max_abs_diff(&c.logprobs, &w.logprobs))
+        .fold(0f32, f32::max);
+    println!("cached context in bf16 attention: logprobs within {gap:.4} of the whole pass's");
+    assert!(gap > 0.0 && gap < 0.1, "{gap}");
+    let total: Vec<f64> = warm.iter().map(|r| r.total_logprob()).collect();
+    assert!(total[0] - total[1] > 1.0, "{total:?}");
+}

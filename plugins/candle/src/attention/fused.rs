@@ -25,6 +25,7 @@ use rayon::prelude::*;
 use super::decode::{strides, Elem, Heads, Pair};
 use super::ops::Ops;
 use super::{AttnParams, Shared};
+use crate::kernels::bf16;
 use crate::kv::Values;
 
 /// Keys per block: a block's keys or values (16 KB at head width 64) stay in L1 while the
@@ -36,11 +37,13 @@ const TILE: usize = 32;
 
 /// Softmax(q kᵀ · scale + mask) v of each sequence of `items`, whose keys are `prefix` (shared by
 /// all, positions `0..P`), then its own (positions `P..`), as [`super::hidden_mask`] lets each
-/// query see them. Returns each sequence's output shaped as its `q`; `None` where this path does
-/// not apply.
+/// query see them. With `bf16`, where the CPU has AVX-512 BF16, the prefix's scores and
+/// weighted sums are bf16 products with f32 sums ([`Panels`]). Returns each sequence's output
+/// shaped as its `q`; `None` where this path does not apply.
 pub fn attend(
     prefix: Option<(&Tensor, &Tensor)>,
     items: &[Shared<'_>],
+    bf16: bool,
 ) -> Result<Option<Vec<Tensor>>> {
     let Some(first) = items.first() else {
         return Ok(Some(Vec::new()));
@@ -81,6 +84,13 @@ pub fn attend(
     let Some(own) = own else {
         return Ok(None);
     };
+    let panels = match &prefix_pair {
+        Some(pair) if bf16 && prefix_len > 0 => (0..kv_heads)
+            .into_par_iter()
+            .map(|g| Panels::of(pair, g, prefix_len, d))
+            .collect::<Option<Vec<_>>>(),
+        _ => None,
+    };
     let queries = items
         .iter()
         .map(|i| i.q.contiguous()?.flatten_all()?.to_vec1::<f32>())
@@ -113,14 +123,15 @@ pub fn attend(
                 n: item.q.dims()[2],
                 d,
             };
+            let panels = panels.as_ref().map(|all| &all[task.g]);
             match (prefix_pair.as_ref(), &own[task.item]) {
-                (None, Pair::F32(k, v)) => tile(shape, task, &item.params, q, None, (k, v)),
+                (None, Pair::F32(k, v)) => tile(shape, task, &item.params, q, None, (k, v), None),
                 (Some(Pair::F32(pk, pv)), Pair::F32(k, v)) => {
-                    tile(shape, task, &item.params, q, Some((pk, pv)), (k, v))
+                    tile(shape, task, &item.params, q, Some((pk, pv)), (k, v), panels)
                 }
-                (None, Pair::F16(k, v)) => tile(shape, task, &item.params, q, None, (k, v)),
+                (None, Pair::F16(k, v)) => tile(shape, task, &item.params, q, None, (k, v), None),
                 (Some(Pair::F16(pk, pv)), Pair::F16(k, v)) => {
-                    tile(shape, task, &item.params, q, Some((pk, pv)), (k, v))
+                    tile(shape, task, &item.params, q, Some((pk, pv)), (k, v), panels)
                 }
                 _ => None,
             }
@@ -195,7 +206,8 @@ thread_local! {
 }
 
 /// One task: its rows' query heads of key/value head `g` against the keys each row sees, where
-/// they lie (`prefix` for positions below `shape.prefix`, `own` after). Returns `(row, rep, d)`.
+/// they lie (`prefix` for positions below `shape.prefix`, `own` after); the prefix's through
+/// `panels` where given. Returns `(row, rep, d)`.
 fn tile<E: Elem>(
     shape: Shape,
     task: &Task,
@@ -203,6 +215,7 @@ fn tile<E: Elem>(
     queries: Queries<'_>,
     prefix: Option<(&Heads<'_, E>, &Heads<'_, E>)>,
     own: (&Heads<'_, E>, &Heads<'_, E>),
+    panels: Option<&Panels>,
 ) -> Option<Vec<f32>> {
     let Shape { n_rep, d, .. } = shape;
     let g = task.g;
@@ -225,6 +238,11 @@ fn tile<E: Elem>(
         })
         .collect();
     let total = counts.iter().sum::<usize>() * n_rep;
+    let rows = Rows {
+        starts: &starts,
+        counts: &counts,
+        n_rep,
+    };
     let heads = |ri: usize| {
         let r = task.rows.start + ri;
         (0..n_rep).map(move |rep| queries.at(g * n_rep + rep, r))
@@ -234,6 +252,19 @@ fn tile<E: Elem>(
         let (k, v) = if in_prefix { prefix? } else { own };
         (if values { v } else { k }).run(g, keys, d)
     };
+    let mut list = Vec::new();
+    pieces(&runs, shape.prefix, |ri, at, keys, in_prefix| {
+        list.push(Piece {
+            ri,
+            at,
+            keys,
+            in_prefix,
+        })
+    });
+    // The pieces the per-key operations take: all, or the sequence's own beside `panels`.
+    let (in_panels, by_key): (Vec<Piece>, Vec<Piece>) = list
+        .into_iter()
+        .partition(|p| p.in_prefix && panels.is_some());
     let ops = Ops::new(d);
     let scale = params.scale as f32;
     let mut out = vec![0f32; task.rows.len() * n_rep * d];
@@ -241,33 +272,198 @@ fn tile<E: Elem>(
     SCORES.with_borrow_mut(|scores| {
         scores.clear();
         scores.resize(total, 0.0);
-        pieces(&runs, shape.prefix, |ri, at, keys, in_prefix| {
+        if let Some(panels) = panels {
+            let x = panels.queries((0..task.rows.len()).flat_map(heads), d);
+            panels.scores(&x, &in_panels, rows, scale, scores);
+        }
+        for &Piece {
+            ri,
+            at,
+            ref keys,
+            in_prefix,
+        } in &by_key
+        {
             let Some(run) = lying(in_prefix, false, keys.clone()) else {
                 complete = false;
                 return;
             };
-            let count = counts[ri];
-            let rows = scores[starts[ri]..starts[ri] + n_rep * count].chunks_mut(count);
-            let weights = rows.map(|w| &mut w[at..at + keys.len()]);
+            let weights = rows.of(scores, ri).map(|w| &mut w[at..at + keys.len()]);
             ops.scores(heads(ri), run, scale, weights);
-        });
-        for (ri, &count) in counts.iter().enumerate() {
-            let rows = scores[starts[ri]..starts[ri] + n_rep * count].chunks_mut(count);
-            rows.for_each(|w| ops.softmax(w));
         }
-        pieces(&runs, shape.prefix, |ri, at, keys, in_prefix| {
+        for ri in 0..counts.len() {
+            rows.of(scores, ri).for_each(|w| ops.softmax(w));
+        }
+        if let Some(panels) = panels {
+            panels.sums(scores, &in_panels, rows, &mut out);
+        }
+        for &Piece {
+            ri,
+            at,
+            ref keys,
+            in_prefix,
+        } in &by_key
+        {
             let Some(run) = lying(in_prefix, true, keys.clone()) else {
                 complete = false;
                 return;
             };
             let count = counts[ri];
-            let rows = scores[starts[ri]..starts[ri] + n_rep * count].chunks(count);
-            let weights = rows.map(|w| &w[at..at + keys.len()]);
+            let weights = scores[starts[ri]..starts[ri] + n_rep * count]
+                .chunks(count)
+                .map(|w| &w[at..at + keys.len()]);
             let outs = out[ri * n_rep * d..(ri + 1) * n_rep * d].chunks_mut(d);
             ops.accumulate(weights, run, outs);
-        });
+        }
     });
     complete.then_some(out)
+}
+
+/// Where a task's rows keep their query heads' scores among its scores.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    /// Row `ri`'s query heads' scores, `counts[ri]` each, start at `starts[ri]`.
+    starts: &'a [usize],
+    counts: &'a [usize],
+    n_rep: usize,
+}
+
+impl Rows<'_> {
+    /// Row `ri`'s query heads' scores, one slice each.
+    fn of<'s>(&self, scores: &'s mut [f32], ri: usize) -> std::slice::ChunksMut<'s, f32> {
+        let count = self.counts[ri];
+        scores[self.starts[ri]..self.starts[ri] + self.n_rep * count].chunks_mut(count.max(1))
+    }
+
+    /// Query head `rep` of row `ri`'s scores from key `at` of its visible keys, `len` of them.
+    fn at(&self, ri: usize, rep: usize, at: usize, len: usize) -> Range<usize> {
+        let start = self.starts[ri] + rep * self.counts[ri] + at;
+        start..start + len
+    }
+}
+
+/// Keys `keys` of a row `ri`, where the row's visible keys reach them: from its `at`-th on.
+struct Piece {
+    ri: usize,
+    at: usize,
+    keys: Range<usize>,
+    in_prefix: bool,
+}
+
+/// A key/value head's prefix in bf16 panels ([`bf16::Packed`]), packed once per call for every
+/// task of it: the keys as rows, so that a tile of query heads meets a block's keys in one
+/// product, and the values transposed, so that a tile of weights over a block's keys meets
+/// them likewise. A score is one chain of products over the head's pairs of values, and a
+/// block's weighted sum one chain over its pairs of keys, added to the output block after
+/// block; blocks lie at fixed positions, so a row's values do not depend on the rows around
+/// it.
+struct Panels {
+    keys: bf16::Packed,
+    values: bf16::Packed,
+    /// The prefix's positions.
+    len: usize,
+}
+
+const _: () = assert!(
+    BLOCK == bf16::WIDE * bf16::LANES,
+    "a block is one tile of key panels"
+);
+
+impl Panels {
+    /// Key/value head `g`'s first `len` positions of `pair`, where the CPU has the
+    /// instructions.
+    fn of(pair: &Pair<'_>, g: usize, len: usize, d: usize) -> Option<Panels> {
+        let (keys, values) = match pair {
+            Pair::F32(k, v) => (k.run(g, 0..len, d)?.to_vec(), v.run(g, 0..len, d)?.to_vec()),
+            Pair::F16(k, v) => {
+                let wide = |run: &[half::f16]| run.iter().map(|x| x.f32()).collect::<Vec<_>>();
+                (wide(k.run(g, 0..len, d)?), wide(v.run(g, 0..len, d)?))
+            }
+        };
+        Some(Panels {
+            keys: bf16::Packed::new(&keys, (len, d))?,
+            values: bf16::Packed::transposed(&values, (len, d))?,
+            len,
+        })
+    }
+
+    /// `heads`, each `d` values, rounded to bf16 pairs, one row each.
+    fn queries<'q>(&self, heads: impl Iterator<Item = &'q [f32]>, d: usize) -> Vec<u32> {
+        let pairs = d.div_ceil(2);
+        let mut x = Vec::new();
+        for head in heads {
+            x.resize(x.len() + pairs, 0);
+            let at = x.len() - pairs;
+            self.keys.round_pairs(head, &mut x[at..]);
+        }
+        x
+    }
+
+    /// Each prefix piece's scores, scaled, where `rows` keeps them: block by block, every
+    /// query head `x` holds meeting the block's keys in tiles.
+    fn scores(&self, x: &[u32], pieces: &[Piece], rows: Rows<'_>, scale: f32, scores: &mut [f32]) {
+        let pairs = self.keys.shape().1.div_ceil(2);
+        let heads = x.len() / pairs;
+        let mut block = vec![[0f32; BLOCK]; heads];
+        for group in pieces.chunk_by(|a, b| a.keys.start / BLOCK == b.keys.start / BLOCK) {
+            let first = group[0].keys.start / BLOCK;
+            for (i, tile) in block.chunks_mut(bf16::TILE).enumerate() {
+                let x = &x[i * bf16::TILE * pairs..];
+                self.keys.tile(x, pairs, 0..pairs, first * bf16::WIDE, tile);
+            }
+            for piece in group {
+                let lanes = piece.keys.start % BLOCK..(piece.keys.end - 1) % BLOCK + 1;
+                for rep in 0..rows.n_rep {
+                    let from = &block[piece.ri * rows.n_rep + rep][lanes.clone()];
+                    let to = &mut scores[rows.at(piece.ri, rep, piece.at, lanes.len())];
+                    for (to, from) in to.iter_mut().zip(from) {
+                        *to = from * scale;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each query head's output `+=` its prefix pieces' weights times their values, block by
+    /// block, the weights rounded to bf16.
+    fn sums(&self, weights: &[f32], pieces: &[Piece], rows: Rows<'_>, out: &mut [f32]) {
+        let d = self.values.shape().0;
+        let heads = out.len() / d;
+        let pairs = BLOCK / 2;
+        let mut halves = vec![[0u16; BLOCK]; heads];
+        let mut x = vec![0u32; heads * pairs];
+        let mut acc = [[0f32; BLOCK]; bf16::TILE];
+        for group in pieces.chunk_by(|a, b| a.keys.start / BLOCK == b.keys.start / BLOCK) {
+            let first = group[0].keys.start / BLOCK * pairs;
+            let block = first..(first + pairs).min(self.len.div_ceil(2));
+            halves.iter_mut().for_each(|h| h.fill(0));
+            for piece in group {
+                let lanes = piece.keys.start % BLOCK..(piece.keys.end - 1) % BLOCK + 1;
+                for rep in 0..rows.n_rep {
+                    let from = &weights[rows.at(piece.ri, rep, piece.at, lanes.len())];
+                    let to = &mut halves[piece.ri * rows.n_rep + rep][lanes.clone()];
+                    self.values.round(from, to);
+                }
+            }
+            for (words, halves) in x.chunks_exact_mut(pairs).zip(&halves) {
+                for (word, pair) in words.iter_mut().zip(halves.chunks_exact(2)) {
+                    *word = u32::from(pair[0]) | u32::from(pair[1]) << 16;
+                }
+            }
+            for (i, outs) in out.chunks_mut(bf16::TILE * d).enumerate() {
+                let tile = &mut acc[..outs.len() / d];
+                let x = &x[i * bf16::TILE * pairs..];
+                for panel in (0..d.div_ceil(bf16::LANES)).step_by(bf16::WIDE) {
+                    self.values.tile(x, pairs, block.clone(), panel, tile);
+                    let columns = panel * bf16::LANES..d.min((panel + bf16::WIDE) * bf16::LANES);
+                    for (out, acc) in outs.chunks_exact_mut(d).zip(tile.iter()) {
+                        for (o, a) in out[columns.clone()].iter_mut().zip(acc) {
+                            *o += a;
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Calls `f(row, at, keys, in_prefix)` for every piece of every row's visible runs, block by

@@ -148,6 +148,7 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         let mut map: BTreeMap<String, Arc<dyn Attention>> = BTreeMap::new();
         map.insert("sdpa".into(), Arc::new(Sdpa));
+        map.insert("sdpa_bf16".into(), Arc::new(SdpaBf16));
         map.insert("eager".into(), Arc::new(Eager::default()));
         map.insert("chunked".into(), Arc::new(Chunked { chunk: 128 }));
         RwLock::new(map)
@@ -314,7 +315,8 @@ impl Attention for Sdpa {
             v,
             params: *p,
         };
-        match fused::attend(None, std::slice::from_ref(&item))?.and_then(|mut out| out.pop()) {
+        match fused::attend(None, std::slice::from_ref(&item), false)?.and_then(|mut out| out.pop())
+        {
             Some(out) => Ok(out),
             None => Eager::default().forward(q, k, v, p),
         }
@@ -325,7 +327,39 @@ impl Attention for Sdpa {
         prefix: (&Tensor, &Tensor),
         items: &[Shared<'_>],
     ) -> Result<Vec<Tensor>> {
-        match fused::attend(Some(prefix), items)? {
+        match fused::attend(Some(prefix), items, false)? {
+            Some(out) => Ok(out),
+            None => by_copy(self, prefix, items),
+        }
+    }
+
+    fn forward_rows(&self, q: &Tensor, rows: &[RowKeys<'_>]) -> Result<Tensor> {
+        built_in_rows(self, q, rows)
+    }
+
+    fn rows_in_place(&self) -> bool {
+        true
+    }
+}
+
+/// [`Sdpa`], except that sequences continuing a shared prefix attend to it in bf16 products
+/// with f32 sums where the CPU has AVX-512 BF16 (f32 elsewhere): `weights = "bf16"`'s choice
+/// for `sdpa`, so that explaining under `hide`, whose coalitions all attend to the cached
+/// context, runs at the rate of those products. The rows' own keys stay f32, so a row scored
+/// after a cached prefix differs from the same row scored whole by that rounding.
+pub struct SdpaBf16;
+
+impl Attention for SdpaBf16 {
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams<'_>) -> Result<Tensor> {
+        Sdpa.forward(q, k, v, p)
+    }
+
+    fn forward_shared(
+        &self,
+        prefix: (&Tensor, &Tensor),
+        items: &[Shared<'_>],
+    ) -> Result<Vec<Tensor>> {
+        match fused::attend(Some(prefix), items, true)? {
             Some(out) => Ok(out),
             None => by_copy(self, prefix, items),
         }
@@ -692,6 +726,143 @@ mod tests {
         let fused = Sdpa.forward_shared((&pk, &pv), &items).unwrap();
         for (a, b) in copied.iter().zip(&fused) {
             assert!(max_diff(a, b) < 1e-5);
+        }
+    }
+
+    /// `sdpa_bf16`: sequences after a shared prefix score its keys and weigh its values in bf16
+    /// products with f32 sums, their own keys in f32, as an f64 reference of that arithmetic
+    /// does; each gets the same bits alone or beside others. Blocks of keys cut by hidden
+    /// runs and a window, an odd prefix (a pair of positions padded) and a head width that
+    /// leaves a panel part-filled are covered.
+    #[test]
+    fn a_shared_prefix_attends_in_bf16_products_where_the_cpu_has_them() {
+        // Without AVX-512 BF16 (or under `LMHOST_SIMD=avx2`) `sdpa_bf16` is `sdpa`, tested
+        // above; CI's machines have it.
+        if !crate::kernels::bf16::available() {
+            return;
+        }
+        for (n_rep, d) in [(3, 64), (2, 40)] {
+            bf16_after_a_shared_prefix(n_rep, d);
+        }
+    }
+
+    fn bf16_after_a_shared_prefix(n_rep: usize, d: usize) {
+        let (prefix_len, kv_heads) = (149, 2);
+        let heads = kv_heads * n_rep;
+        let pk = rand((1, kv_heads, prefix_len, d), 1.1);
+        let pv = rand((1, kv_heads, prefix_len, d), 2.9);
+        let hidden = [3..9, 70..75, 140..152];
+        let cases = [
+            (0, 5, None, Some(prefix_len)),
+            (2, 4, None, None),
+            (0, 3, Some(100), None),
+        ];
+        let inputs: Vec<(Tensor, Tensor, Tensor, AttnParams<'_>)> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, &(before, n, window, hide_from))| {
+                let own = before + n;
+                let params = AttnParams {
+                    scale: 0.35,
+                    n_rep,
+                    offset: prefix_len + before,
+                    sliding_window: window,
+                    hidden: hide_from.map(|from| Hidden {
+                        from,
+                        keys: &hidden,
+                    }),
+                    blocks: &[],
+                };
+                let seed = i as f64;
+                let q = rand((1, heads, n, d), 0.3 + seed);
+                let k = rand((1, kv_heads, own, d), 4.1 + seed);
+                let v = rand((1, kv_heads, own, d), 5.7 + seed);
+                (q, k, v, params)
+            })
+            .collect();
+        let items: Vec<Shared<'_>> = inputs
+            .iter()
+            .map(|(q, k, v, params)| Shared {
+                q,
+                k,
+                v,
+                params: *params,
+            })
+            .collect();
+        let together = SdpaBf16.forward_shared((&pk, &pv), &items).unwrap();
+        let f32s = Sdpa.forward_shared((&pk, &pv), &items).unwrap();
+        let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let bf16 = |x: f32| half::bf16::from_f32(x).to_f32() as f64;
+        for (item, (out, f32_out)) in items.iter().zip(together.iter().zip(&f32s)) {
+            let alone = SdpaBf16.forward_shared((&pk, &pv), std::slice::from_ref(item));
+            assert_eq!(
+                values(out),
+                values(&alone.unwrap()[0]),
+                "alone and together"
+            );
+            let k = Tensor::cat(&[&pk, item.k], 2).unwrap();
+            let v = Tensor::cat(&[&pv, item.v], 2).unwrap();
+            let (n, len) = (item.q.dim(2).unwrap(), k.dim(2).unwrap());
+            let p = &item.params;
+            let mask = hidden_mask(n, p.offset, len, p, &Device::Cpu).unwrap();
+            let mask = mask.map(|m| m.to_vec2::<u8>().unwrap());
+            let (q, k, v) = (values(item.q), values(&k), values(&v));
+            let (got, f32_got) = (values(out), values(f32_out));
+            let (mut worst, mut f32_worst) = (0f64, 0f64);
+            for h in 0..heads {
+                let g = h / n_rep;
+                for r in 0..n {
+                    let seen = |j: usize| mask.as_ref().is_none_or(|m| m[r][j] == 0);
+                    let query = &q[(h * n + r) * d..][..d];
+                    let key = |j: usize| &k[(g * len + j) * d..][..d];
+                    let scores: Vec<f64> = (0..=p.offset + r)
+                        .map(|j| match (seen(j), j < prefix_len) {
+                            (false, _) => f64::NEG_INFINITY,
+                            (true, true) => {
+                                query
+                                    .iter()
+                                    .zip(key(j))
+                                    .map(|(&a, &b)| bf16(a) * bf16(b))
+                                    .sum::<f64>()
+                                    * 0.35
+                            }
+                            (true, false) => {
+                                query
+                                    .iter()
+                                    .zip(key(j))
+                                    .map(|(&a, &b)| a as f64 * b as f64)
+                                    .sum::<f64>()
+                                    * 0.35
+                            }
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                    for c in 0..d {
+                        let want: f64 = scores
+                            .iter()
+                            .enumerate()
+                            .map(|(j, s)| {
+                                let (w, x) = ((s - max).exp() / sum, v[(g * len + j) * d + c]);
+                                match j < prefix_len {
+                                    true => bf16(w as f32) * bf16(x),
+                                    false => w * x as f64,
+                                }
+                            })
+                            .sum();
+                        let at = (h * n + r) * d + c;
+                        worst = worst.max((got[at] as f64 - want).abs());
+                        f32_worst = f32_worst.max((f32_got[at] as f64 - want).abs());
+                    }
+                }
+            }
+            // A weight near a bf16 rounding boundary may round the other way in f32 than in
+            // f64: a few 1e-5 at most here, against the 1e-3 that f32 products stray by.
+            assert!(worst < 1e-4, "{n_rep} x {d}: {worst} from the reference");
+            assert!(
+                f32_worst > 5e-4,
+                "{n_rep} x {d}: f32 products {f32_worst} from it"
+            );
         }
     }
 
