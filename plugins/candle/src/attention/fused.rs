@@ -15,7 +15,12 @@
 //! prefix came from the cache or was computed with it, alone or in a pass of many, in one chunk
 //! or several. f32 queries on CPU, keys and values both f32 or both f16; elsewhere [`attend`]
 //! answers `None` and the caller takes the generic path.
+//!
+//! Under `sdpa_bf16` ([`Panels`]) a shared prefix is scored and weighed in bf16 products
+//! instead, block by block at fixed positions: a row then comes out the same alone or in a pass
+//! of many, but differs by that rounding from the same row computed with its prefix.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::ops::Range;
 
@@ -372,11 +377,14 @@ impl Panels {
     /// Key/value head `g`'s first `len` positions of `pair`, where the CPU has the
     /// instructions.
     fn of(pair: &Pair<'_>, g: usize, len: usize, d: usize) -> Option<Panels> {
-        let (keys, values) = match pair {
-            Pair::F32(k, v) => (k.run(g, 0..len, d)?.to_vec(), v.run(g, 0..len, d)?.to_vec()),
+        let (keys, values): (Cow<'_, [f32]>, Cow<'_, [f32]>) = match pair {
+            Pair::F32(k, v) => (k.run(g, 0..len, d)?.into(), v.run(g, 0..len, d)?.into()),
             Pair::F16(k, v) => {
                 let wide = |run: &[half::f16]| run.iter().map(|x| x.f32()).collect::<Vec<_>>();
-                (wide(k.run(g, 0..len, d)?), wide(v.run(g, 0..len, d)?))
+                (
+                    wide(k.run(g, 0..len, d)?).into(),
+                    wide(v.run(g, 0..len, d)?).into(),
+                )
             }
         };
         Some(Panels {
