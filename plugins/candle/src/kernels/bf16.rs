@@ -191,6 +191,8 @@ impl Packed {
         (0..blocks * runs).into_par_iter().for_each(|task| {
             let (b, run) = (task / runs, task % runs);
             let rows = (b * block).min(m)..m.min((b + 1) * block);
+            // Each tile's sums overwrite its rows of `acc` whole.
+            let mut acc = [[0f32; WIDE * LANES]; TILE];
             for step in run * per_run..steps.min((run + 1) * per_run) {
                 let first = WIDE * step;
                 let width = (WIDE * LANES).min(n - first * LANES);
@@ -200,7 +202,6 @@ impl Packed {
                 });
                 for tile in rows.clone().step_by(TILE) {
                     let r = TILE.min(rows.end - tile);
-                    let mut acc = [[0f32; WIDE * LANES]; TILE];
                     let x = &rounded[tile * pairs..(tile + r) * pairs];
                     // SAFETY: `available()` was checked when this matrix was packed; `x` holds
                     // `r` rows of `pairs` words, each panel `LANES · pairs`.
