@@ -274,9 +274,13 @@ fn tile<E: Elem>(
     let scale = params.scale as f32;
     let mut out = vec![0f32; task.rows.len() * n_rep * d];
     let mut complete = true;
-    SCORES.with_borrow_mut(|scores| {
-        scores.clear();
-        scores.resize(total, 0.0);
+    SCORES.with_borrow_mut(|all| {
+        // Each visible key's score is written before it is read: the last task's need no
+        // clearing.
+        if all.len() < total {
+            all.resize(total, 0.0);
+        }
+        let scores = &mut all[..total];
         if let Some(panels) = panels {
             let x = panels.queries((0..task.rows.len()).flat_map(heads), d);
             panels.scores(&x, &in_panels, rows, scale, scores);
@@ -358,15 +362,19 @@ struct Piece {
 /// task of it: the keys as rows, so that a tile of query heads meets a block's keys in one
 /// product, and the values transposed, so that a tile of weights over a block's keys meets
 /// them likewise. A score is one chain of products over the head's pairs of values, and a
-/// block's weighted sum one chain over its pairs of keys, added to the output block after
-/// block; blocks lie at fixed positions, so a row's values do not depend on the rows around
-/// it.
+/// block's weighted sum ([`SUMS`] keys) one chain over its pairs of keys, added to the output
+/// block after block; blocks lie at fixed positions, so a row's values do not depend on the
+/// rows around it.
 struct Panels {
     keys: bf16::Packed,
     values: bf16::Packed,
     /// The prefix's positions.
     len: usize,
 }
+
+/// Keys per block of [`Panels::sums`]: each tile of weights meets a block's values (32 KB at
+/// head width 64) in one chain of products, added to the outputs once a block.
+const SUMS: usize = 4 * BLOCK;
 
 const _: () = assert!(
     BLOCK == bf16::WIDE * bf16::LANES,
@@ -436,25 +444,19 @@ impl Panels {
     fn sums(&self, weights: &[f32], pieces: &[Piece], rows: Rows<'_>, out: &mut [f32]) {
         let d = self.values.shape().0;
         let heads = out.len() / d;
-        let pairs = BLOCK / 2;
-        let mut halves = vec![[0u16; BLOCK]; heads];
+        let pairs = SUMS / 2;
         let mut x = vec![0u32; heads * pairs];
         let mut acc = [[0f32; BLOCK]; bf16::TILE];
-        for group in pieces.chunk_by(|a, b| a.keys.start / BLOCK == b.keys.start / BLOCK) {
-            let first = group[0].keys.start / BLOCK * pairs;
+        for group in pieces.chunk_by(|a, b| a.keys.start / SUMS == b.keys.start / SUMS) {
+            let first = group[0].keys.start / SUMS * pairs;
             let block = first..(first + pairs).min(self.len.div_ceil(2));
-            halves.iter_mut().for_each(|h| h.fill(0));
+            x.fill(0);
             for piece in group {
-                let lanes = piece.keys.start % BLOCK..(piece.keys.end - 1) % BLOCK + 1;
+                let lane = piece.keys.start % SUMS;
                 for rep in 0..rows.n_rep {
-                    let from = &weights[rows.at(piece.ri, rep, piece.at, lanes.len())];
-                    let to = &mut halves[piece.ri * rows.n_rep + rep][lanes.clone()];
-                    self.values.round(from, to);
-                }
-            }
-            for (words, halves) in x.chunks_exact_mut(pairs).zip(&halves) {
-                for (word, pair) in words.iter_mut().zip(halves.chunks_exact(2)) {
-                    *word = u32::from(pair[0]) | u32::from(pair[1]) << 16;
+                    let from = &weights[rows.at(piece.ri, rep, piece.at, piece.keys.len())];
+                    let head = piece.ri * rows.n_rep + rep;
+                    self.place(from, lane, &mut x[head * pairs..][..pairs]);
                 }
             }
             for (i, outs) in out.chunks_mut(bf16::TILE * d).enumerate() {
@@ -470,6 +472,25 @@ impl Panels {
                     }
                 }
             }
+        }
+    }
+
+    /// `weights` of a block's keys from `lane` on, rounded, into `words`' halves (zero where no
+    /// weight lands: keys the row does not see).
+    fn place(&self, weights: &[f32], lane: usize, words: &mut [u32]) {
+        let mut half = [0u16];
+        let (mut weights, mut lane) = (weights, lane);
+        if lane % 2 == 1 && !weights.is_empty() {
+            self.values.round(&weights[..1], &mut half);
+            words[lane / 2] |= u32::from(half[0]) << 16;
+            (weights, lane) = (&weights[1..], lane + 1);
+        }
+        let even = weights.len() & !1;
+        self.values
+            .round_pairs(&weights[..even], &mut words[lane / 2..][..even / 2]);
+        if even < weights.len() {
+            self.values.round(&weights[even..], &mut half);
+            words[(lane + even) / 2] |= u32::from(half[0]);
         }
     }
 }
