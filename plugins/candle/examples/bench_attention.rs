@@ -3,8 +3,10 @@
 //! positions, a sentence of it hidden from each, on SmolLM2's heads (9 query heads over 3
 //! key/value heads of 64). Prints the time of one layer's call, the GFLOP/s of its products
 //! (q·k and the weighted sum of v: 4·d flops per row, query head and visible key) and their
-//! share of the CPU's f32 FMA peak (two 256-bit FMAs a cycle a core, at the clock given as
-//! `GHZ`, 3.7 by default), for keys kept in f32 and in f16.
+//! share of the CPU's peak for that arithmetic at the clock given as `GHZ` (3.7 by default):
+//! `sdpa`'s f32 products against two 256-bit FMAs a cycle a core, and `sdpa_bf16`'s (where the
+//! CPU has AVX-512 BF16) against one 512-bit `vdpbf16ps`, twice the multiply-adds; for keys
+//! kept in f32 and in f16.
 //!
 //! Prints figures; asserts nothing. `cargo run --release --example bench_attention -p
 //! lmhost-candle` (threads: `RAYON_NUM_THREADS`).
@@ -13,7 +15,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use lmhost_candle::attention::{Attention, AttnParams, Hidden, Sdpa, Shared};
+use lmhost_candle::attention::{Attention, AttnParams, Hidden, Sdpa, SdpaBf16, Shared};
 
 const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
@@ -27,33 +29,40 @@ fn main() -> anyhow::Result<()> {
         .and_then(|g| g.parse().ok())
         .unwrap_or(3.7);
     let threads = rayon::current_num_threads();
-    let peak = threads as f64 * ghz * 32.0;
+    // Flops a cycle a core at each arithmetic's peak.
+    let mut kinds: Vec<(&str, &dyn Attention, f64)> = vec![("f32", &Sdpa, 32.0)];
+    if lmhost_candle::kernels::bf16::available() {
+        kinds.push(("bf16", &SdpaBf16, 64.0));
+    }
     println!(
         "{ITEMS} items of {ROWS} rows after a shared prefix, {HEADS} query heads over \
-         {KV_HEADS} of {D}; {threads} threads, f32 FMA peak {peak:.0} GFLOP/s at {ghz} GHz"
+         {KV_HEADS} of {D}; {threads} threads at {ghz} GHz"
     );
     println!(
-        "{:>7} {:>5} {:>10} {:>9} {:>7}",
-        "prefix", "kv", "ms/call", "GFLOP/s", "of peak"
+        "{:>7} {:>5} {:>9} {:>10} {:>9} {:>7}",
+        "prefix", "kv", "products", "ms/call", "GFLOP/s", "of peak"
     );
     for prefix in [2048, 6144] {
         for dtype in [DType::F32, DType::F16] {
-            let (elapsed, flops) = run(prefix, dtype)?;
-            let rate = flops / elapsed.as_secs_f64() / 1e9;
-            println!(
-                "{prefix:>7} {:>5} {:>10.2} {rate:>9.1} {:>6.0}%",
-                format!("{dtype:?}").to_lowercase(),
-                elapsed.as_secs_f64() * 1e3,
-                100.0 * rate / peak
-            );
+            for &(name, attention, per_cycle) in &kinds {
+                let (elapsed, flops) = run(attention, prefix, dtype)?;
+                let rate = flops / elapsed.as_secs_f64() / 1e9;
+                let peak = threads as f64 * ghz * per_cycle;
+                println!(
+                    "{prefix:>7} {:>5} {name:>9} {:>10.2} {rate:>9.1} {:>6.0}%",
+                    format!("{dtype:?}").to_lowercase(),
+                    elapsed.as_secs_f64() * 1e3,
+                    100.0 * rate / peak
+                );
+            }
         }
     }
     Ok(())
 }
 
-/// The median time of one call over `ITEMS` items after `prefix` positions kept as `dtype`,
-/// and the flops of its products.
-fn run(prefix: usize, dtype: DType) -> anyhow::Result<(Duration, f64)> {
+/// The median time of one call of `attention` over `ITEMS` items after `prefix` positions kept
+/// as `dtype`, and the flops of its products.
+fn run(attention: &dyn Attention, prefix: usize, dtype: DType) -> anyhow::Result<(Duration, f64)> {
     let cpu = &Device::Cpu;
     let kv = |seed: u64| -> anyhow::Result<Tensor> {
         Ok(Tensor::randn(0f32, 1.0, (1, KV_HEADS, prefix, D), cpu)?
@@ -93,7 +102,7 @@ fn run(prefix: usize, dtype: DType) -> anyhow::Result<(Duration, f64)> {
     let mut times: Vec<Duration> = (0..7)
         .map(|_| {
             let start = Instant::now();
-            Sdpa.forward_shared((&pk, &pv), &items)?;
+            attention.forward_shared((&pk, &pv), &items)?;
             Ok(start.elapsed())
         })
         .collect::<anyhow::Result<_>>()?;
