@@ -3,7 +3,8 @@
 //! accumulator by AVX-512 BF16's `vdpbf16ps`, which does twice the multiply-adds of an f32
 //! FMA per instruction. Everything between the matrix products (norms, attention, residuals,
 //! softmax) stays f32, so the values move far less than with bf16 compute throughout or
-//! 8-bit activations (docs/candle.md has the figures).
+//! 8-bit activations (docs/candle.md has the figures); only attention's own products over a
+//! shared cached prefix run through these panels too (`sdpa_bf16`, [`Packed::tile`]).
 //!
 //! W is laid out in panels of [`LANES`] output columns, each holding, for each pair of input
 //! positions, the two weights of every column side by side (one 512-bit load); a tile of up
@@ -304,7 +305,7 @@ mod avx512 {
         }
     }
 
-    /// `row` rounded to bf16 into `to` (one value a word, as long as `row`), 16 values an
+    /// `row` rounded to bf16 into `to` (one value a halfword, as long as `row`), 16 values an
     /// instruction and the rest as [`pair_of`] rounds them, which is the same rounding.
     ///
     /// # Safety
