@@ -16,7 +16,7 @@
 //! or several. f32 queries on CPU, keys and values both f32 or both f16; elsewhere [`attend`]
 //! answers `None` and the caller takes the generic path.
 //!
-//! Under `sdpa_bf16` ([`Panels`]) a shared prefix is scored and weighed in bf16 products
+//! Under `sdpa_bf16` (`Panels`) a shared prefix is scored and weighed in bf16 products
 //! instead, block by block at fixed positions: a row then comes out the same alone or in a pass
 //! of many, but differs by that rounding from the same row computed with its prefix.
 
@@ -43,7 +43,7 @@ const TILE: usize = 32;
 /// Softmax(q kᵀ · scale + mask) v of each sequence of `items`, whose keys are `prefix` (shared by
 /// all, positions `0..P`), then its own (positions `P..`), as [`super::hidden_mask`] lets each
 /// query see them. With `bf16`, where the CPU has AVX-512 BF16, the prefix's scores and
-/// weighted sums are bf16 products with f32 sums ([`Panels`]). Returns each sequence's output
+/// weighted sums are bf16 products with f32 sums (`Panels`). Returns each sequence's output
 /// shaped as its `q`; `None` where this path does not apply.
 pub fn attend(
     prefix: Option<(&Tensor, &Tensor)>,
