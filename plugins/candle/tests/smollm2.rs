@@ -89,9 +89,9 @@ fn stored_model() -> Arc<Candle> {
     .clone()
 }
 
-/// The default options with the prefix cache on, as explain and serve run them.
-fn cached() -> Arc<Candle> {
-    let b = open(json!({}));
+/// `options` with the prefix cache on, as explain and serve run them.
+fn cached(options: Value) -> Arc<Candle> {
+    let b = open(options);
     b.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
         enabled: true,
         max_entries: 64,
@@ -416,7 +416,7 @@ fn embeddings_come_from_the_input_and_a_paraphrase_is_closer() {
 /// a pool thread waiting in a parallel op could run another call that blocks on it for good).
 #[test]
 fn concurrent_generations_share_decode_passes_and_match_one_at_a_time() {
-    let b = cached();
+    let b = cached(json!({}));
     let prompts = [
         "What is the capital of France?",
         "Name three colours.",
@@ -463,7 +463,7 @@ fn concurrent_generations_share_decode_passes_and_match_one_at_a_time() {
 /// the one its prompt gets alone.
 #[test]
 fn generate_batch_decodes_together_and_matches_one_at_a_time() {
-    let b = cached();
+    let b = cached(json!({}));
     let facts = [
         "The museum opens at 10 am.",
         "It is closed on Mondays.",
@@ -615,14 +615,8 @@ fn score_hidden_hides_spans_from_the_last_message_on_and_reuses_the_rest() {
     lmhost_candle::attention::register("sdpa_counted", Arc::new(Counted));
     let (off, on) = (
         open(json!({"weights": "f32"})),
-        open(json!({"weights": "f32", "attn_implementation": "sdpa_counted"})),
+        cached(json!({"weights": "f32", "attn_implementation": "sdpa_counted"})),
     );
-    on.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
-        enabled: true,
-        max_entries: 64,
-        max_bytes: 0,
-    })
-    .unwrap();
     let reply = "The capital of Freedonia is Sylvania.";
     let hidden = [vec![], vec![0], vec![1], vec![0, 1, 2]];
     let plain = off.score(&snapshot, reply).unwrap();
@@ -681,14 +675,8 @@ fn under_bf16_weights_a_cached_context_is_attended_in_bf16_products() {
     let (snapshot, parts) = hiding_case();
     let (off, on) = (
         open(json!({"weights": "bf16"})),
-        open(json!({"weights": "bf16"})),
+        cached(json!({"weights": "bf16"})),
     );
-    on.set_kv_cache(lmhost_plugin_api::KvCacheSettings {
-        enabled: true,
-        max_entries: 64,
-        max_bytes: 0,
-    })
-    .unwrap();
     let reply = "The capital of Freedonia is Sylvania.";
     let hidden = [vec![], vec![0], vec![1]];
     let cold = off
