@@ -3,9 +3,10 @@
 //!
 //! While generating ([`crate::weights::is_generating`]) they run in one pass over the inputs
 //! with an exponential in AVX2 (about 2 ulp), where candle's ops call `expf` (or `tanhf`) per
-//! value and allocate twice, a visible share of a packed decode pass.
-//! Scoring keeps candle's ops, so scores and explain's values do not move; a generation's
-//! activations are 8-bit anyway.
+//! value and allocate twice, a visible share of a packed decode pass. So does scoring where
+//! the down projection rounds its input to bf16 (`weights = "bf16"`), which loses those ulps.
+//! Exact scoring keeps candle's ops, so its scores and explain's values do not move; a
+//! generation's activations are 8-bit anyway.
 
 use candle_core::{Result, Tensor};
 
@@ -17,10 +18,12 @@ pub enum Act {
     GeluTanh,
 }
 
-/// `act(gate) · up` of two tensors of one shape.
-pub fn gated(act: Act, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+/// `act(gate) · up` of two tensors of one shape; `coarse` where the result is rounded to bf16
+/// next ([`crate::weights::Linear::rounds_input_to_bf16`]), so the fused pass may run while
+/// scoring too.
+pub fn gated(act: Act, gate: &Tensor, up: &Tensor, coarse: bool) -> Result<Tensor> {
     #[cfg(target_arch = "x86_64")]
-    if crate::weights::is_generating() {
+    if coarse || crate::weights::is_generating() {
         if let Some(y) = avx2::fused(act, gate, up)? {
             return Ok(y);
         }
@@ -230,10 +233,14 @@ mod tests {
         let gate = Tensor::from_vec(gate, (1, 5, n / 5), &Device::Cpu).unwrap();
         let up = Tensor::from_vec(up, (1, 5, n / 5), &Device::Cpu).unwrap();
         for act in [Act::Silu, Act::GeluTanh] {
-            let want = gated(act, &gate, &up).unwrap().flatten_all().unwrap();
-            let got = crate::weights::generating(|| gated(act, &gate, &up)).unwrap();
-            let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let want = want.to_vec1::<f32>().unwrap();
+            let values = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let want = values(gated(act, &gate, &up, false).unwrap());
+            let got = values(crate::weights::generating(|| gated(act, &gate, &up, false)).unwrap());
+            let coarse = values(gated(act, &gate, &up, true).unwrap());
+            assert_eq!(
+                coarse, got,
+                "{act:?}: scoring before a bf16 product runs the fused pass"
+            );
             if Path::best() == Path::Scalar {
                 assert_eq!(got, want, "{act:?}: candle's ops where there is no AVX2");
                 continue;

@@ -416,6 +416,12 @@ impl Linear {
             .map_err(|ys| candle_core::Error::Msg(format!("{} outputs of {N} layers", ys.len())))
     }
 
+    /// Whether this phase's product rounds its input to bf16 (`weights = "bf16"` scoring), so
+    /// the input need not be computed finer.
+    pub fn rounds_input_to_bf16(&self) -> bool {
+        matches!(self.kernel(), Kernel::Bf16(_))
+    }
+
     /// Whether [`Linear::decode_into`] runs this layer: its decode kernel is ours, its bias
     /// (if any) f32 on CPU.
     pub fn decodes_in_place(&self) -> bool {

@@ -145,7 +145,9 @@ impl Block {
                 (y.narrow(2, 0, ffn)?, y.narrow(2, ffn, ffn)?)
             }
         };
-        self.down.forward(&glu::gated(Act::Silu, &gate, &up)?)
+        let coarse = self.down.rounds_input_to_bf16();
+        self.down
+            .forward(&glu::gated(Act::Silu, &gate, &up, coarse)?)
     }
 }
 

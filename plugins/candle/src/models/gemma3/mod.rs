@@ -222,7 +222,9 @@ impl Gemma3 {
 
     fn mlp(b: &Block, x: &Tensor) -> Result<Tensor> {
         let [gate, up] = Linear::forward_group([&b.gate, &b.up], x)?;
-        b.down.forward(&glu::gated(Act::GeluTanh, &gate, &up)?)
+        let coarse = b.down.rounds_input_to_bf16();
+        b.down
+            .forward(&glu::gated(Act::GeluTanh, &gate, &up, coarse)?)
     }
 
     /// This model seeing images: prompts' image ids take their rows from `images`.
