@@ -44,21 +44,50 @@ impl Packed {
     /// Rounds the row-major `(n, k)` matrix `w` to bf16 and packs it, where this CPU has the
     /// instructions (AVX-512 F and BF16); `None` elsewhere.
     pub fn new(w: &[f32], (n, k): (usize, usize)) -> Option<Packed> {
-        if !available() || w.len() != n * k || n == 0 || k == 0 {
+        if w.len() != n * k {
+            return None;
+        }
+        Packed::from_rows((n, k), |j, row| {
+            row.copy_from_slice(&w[j * k..][..k]);
+            true
+        })
+    }
+
+    /// [`Packed::new`] of the `(n, k)` matrix whose row `j` `fill(j, row)` writes (`false` if
+    /// it cannot): a quantized matrix is rounded from its blocks a row at a time, with no f32
+    /// copy of it whole. Panels are filled in parallel on the current rayon pool.
+    pub fn from_rows(
+        (n, k): (usize, usize),
+        fill: impl Fn(usize, &mut [f32]) -> bool + Sync,
+    ) -> Option<Packed> {
+        if !available() || n == 0 || k == 0 {
             return None;
         }
         let pairs = k.div_ceil(2);
         let mut panels = vec![0u32; n.div_ceil(LANES) * LANES * pairs];
-        let mut words = vec![0u32; pairs];
-        for (j, row) in w.chunks_exact(k).enumerate() {
-            // SAFETY: `available()` was checked above.
-            unsafe { avx512::round(row, &mut words) };
-            let panel = &mut panels[j / LANES * LANES * pairs..][..LANES * pairs];
-            for (t, &word) in words.iter().enumerate() {
-                panel[t * LANES + j % LANES] = word;
-            }
-        }
-        Some(Packed { n, k, panels })
+        let filled = panels
+            .par_chunks_mut(LANES * pairs)
+            // A task's panels are a few microseconds each: enough of them to outweigh its cost.
+            .with_min_len(8)
+            .enumerate()
+            .map_init(
+                || (vec![0f32; k], vec![0u32; pairs]),
+                |(row, words), (p, panel)| {
+                    for j in p * LANES..n.min((p + 1) * LANES) {
+                        if !fill(j, row) {
+                            return false;
+                        }
+                        // SAFETY: `available()` was checked above.
+                        unsafe { avx512::round(row, words) };
+                        for (t, &word) in words.iter().enumerate() {
+                            panel[t * LANES + j % LANES] = word;
+                        }
+                    }
+                    true
+                },
+            )
+            .all(|ok| ok);
+        filled.then_some(Packed { n, k, panels })
     }
 
     /// [`Packed::new`] of `wᵀ`, for `w` row-major `(k, n)`: attention's values, whose rows are
