@@ -527,20 +527,27 @@ mod tests {
         Ok(())
     }
 
-    /// Under `bf16` a quantized matrix is rounded from its blocks row by row, in parallel: the
-    /// same products, bit for bit, as the matrix dequantized whole and then rounded, for a
-    /// type of 32-value blocks and a K-quant of 256, over panels a task's share leaves short.
+    /// A quantized matrix is dequantized row by row, in parallel, to candle's values bit for
+    /// bit; and under `bf16` rounded from its blocks likewise: the same products as the matrix
+    /// dequantized whole and then rounded. For a type of 32-value blocks and a K-quant of 256,
+    /// over panels a task's share leaves short.
     #[test]
-    fn bf16_packs_a_quantized_matrix_from_its_blocks_as_from_its_values() -> Result<()> {
-        // Only a CPU with AVX-512 BF16 packs bf16 matrices; CI's machines have it.
-        if !bf16::available() {
-            return Ok(());
-        }
+    fn a_quantized_matrix_unpacks_row_by_row_as_candle_dequantizes_it() -> Result<()> {
         let x = Tensor::randn(0f32, 1.0, (7, 256), &Device::Cpu)?;
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q6K] {
             let dense = Tensor::randn(0f32, 1.0, (300, 256), &Device::Cpu)?;
             let q = Arc::new(QTensor::quantize(&dense, dtype)?);
             let values = q.dequantize(&Device::Cpu)?;
+            let ours = Weight::Quantized(q.clone()).dense(DType::F32)?;
+            assert_eq!(
+                ours.flatten_all()?.to_vec1::<f32>()?,
+                values.flatten_all()?.to_vec1::<f32>()?,
+                "{dtype:?} dequantized"
+            );
+            // Only a CPU with AVX-512 BF16 packs bf16 matrices; CI's machines have it.
+            if !bf16::available() {
+                continue;
+            }
             let from_blocks =
                 Linear::new(Weight::Quantized(q), None, WeightFormat::Bf16, DType::F32)?;
             let from_values =
