@@ -44,6 +44,15 @@ pub enum Error {
     #[error("{} is not an lmhost plugin: {detail}", path.display())]
     NotAPlugin { path: PathBuf, detail: String },
 
+    /// A plugin library links a shared library that no folder of the search holds
+    /// ([`crate::runtime_libraries`]).
+    #[error("{} needs {library}: {detail}", path.display())]
+    MissingLibrary {
+        path: PathBuf,
+        library: String,
+        detail: String,
+    },
+
     #[error("{0}")]
     IncompatiblePlugin(Box<Incompatible>),
 

@@ -82,6 +82,7 @@ pub mod logging;
 pub mod outcome;
 pub mod plugins;
 pub mod report;
+pub mod runtime_libraries;
 pub mod serve;
 
 use std::path::PathBuf;

@@ -16,6 +16,7 @@ use lmhost_plugin_api::identity::{IdentityFn, IDENTITY_MAGIC, IDENTITY_SYMBOL};
 use lmhost_plugin_api::{OptionSpec, PluginModRef, API_VERSION};
 
 use crate::error::{Error, Incompatible, Result};
+use crate::runtime_libraries;
 
 /// Where a plugin came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,7 +150,7 @@ fn load_library(path: &Path) -> Result<PluginModRef> {
         path: path.to_path_buf(),
         detail,
     };
-    let library = RawLibrary::load_at(path).map_err(|e| not_a_plugin(e.to_string()))?;
+    let library = open(path)?;
     // SAFETY: the symbol's type is frozen (see `identity`) and checked by its magic number.
     let identity = unsafe { library.get::<IdentityFn>(IDENTITY_SYMBOL) }
         .map(|f| f())
@@ -195,6 +196,39 @@ fn load_library(path: &Path) -> Result<PluginModRef> {
         })?;
     std::mem::forget(library);
     Ok(module)
+}
+
+/// Opens the library at `path`, first loading from Python's wheels each library it links that
+/// the dynamic loader does not find ([`runtime_libraries`]).
+fn open(path: &Path) -> Result<RawLibrary> {
+    let mut wheel_dirs = None;
+    let mut preloaded: Vec<String> = Vec::new();
+    loop {
+        let message = match RawLibrary::load_at(path) {
+            Ok(library) => return Ok(library),
+            Err(e) => e.to_string(),
+        };
+        let missing = runtime_libraries::missing_library(&message)
+            .filter(|name| !preloaded.iter().any(|p| p == name));
+        let Some(name) = missing else {
+            return Err(Error::NotAPlugin {
+                path: path.to_path_buf(),
+                detail: message,
+            });
+        };
+        let dirs = wheel_dirs.get_or_insert_with(runtime_libraries::wheel_dirs);
+        let missing_library = |detail| Error::MissingLibrary {
+            path: path.to_path_buf(),
+            library: name.to_string(),
+            detail,
+        };
+        match runtime_libraries::preload(name, dirs) {
+            Some(Ok(found)) => tracing::debug!("loaded {} for {}", found.display(), path.display()),
+            Some(Err(e)) => return Err(missing_library(e)),
+            None => return Err(missing_library(runtime_libraries::not_found(name, dirs))),
+        }
+        preloaded.push(name.to_string());
+    }
 }
 
 /// Semver compatibility: same major, and for 0.x the same minor.

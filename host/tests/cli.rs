@@ -167,3 +167,82 @@ fn serve_exits_naming_a_model_that_cannot_load() {
     ));
     assert!(text.contains("unknown architecture \"gpt2\""), "{text}");
 }
+
+/// A plugin that links a library the dynamic loader cannot find (as a CUDA build links cuBLAS)
+/// loads once a Python environment's `nvidia/*/lib` holds it, and without one is refused naming
+/// the library and every folder searched. The plugin is the mock's library with one more
+/// `DT_NEEDED` entry, added by patchelf; the library is an empty one built by the C compiler.
+#[test]
+fn a_plugins_missing_library_is_loaded_from_a_python_wheel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugins = tmp.path().join("plugins");
+    let wheel = tmp
+        .path()
+        .join("venv/lib/python3.11/site-packages/nvidia/fake/lib");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&wheel).unwrap();
+    let built = Path::new(env!("CARGO_BIN_EXE_lmhost")).with_file_name("liblmhost_mock.so");
+    let plugin = plugins.join("liblmhost_mock.so");
+    std::fs::copy(&built, &plugin).unwrap();
+    let run = |program: &str, args: &[&std::ffi::OsStr]| {
+        let output = Command::new(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{program} runs (scripts/setup-system installs it): {e}"));
+        assert!(output.status.success(), "{program}: {}", stderr(&output));
+    };
+    let library = "liblmhost-test-needed.so.7";
+    run(
+        "patchelf",
+        &[
+            "--add-needed".as_ref(),
+            library.as_ref(),
+            plugin.as_os_str(),
+        ],
+    );
+    let c = tmp.path().join("empty.c");
+    std::fs::write(&c, "int lmhost_test_needed(void) { return 7; }\n").unwrap();
+    let soname = format!("-Wl,-soname,{library}");
+    let out = wheel.join(library);
+    run(
+        "cc",
+        &[
+            "-shared".as_ref(),
+            "-fPIC".as_ref(),
+            soname.as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            c.as_os_str(),
+        ],
+    );
+    let plugins_in = |venv: Option<&Path>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lmhost"));
+        command
+            .arg("plugins")
+            .env("LMHOST_PLUGIN_PATH", &plugins)
+            .env("HOME", tmp.path())
+            .env_remove("CONDA_PREFIX")
+            .env_remove("LD_LIBRARY_PATH");
+        match venv {
+            Some(venv) => command.env("VIRTUAL_ENV", venv),
+            None => command.env_remove("VIRTUAL_ENV"),
+        };
+        let output = command.output().expect("lmhost runs");
+        format!("{}{}", stdout(&output), stderr(&output))
+    };
+
+    let refused = plugins_in(None);
+    assert!(
+        refused.contains(&format!("needs {library}"))
+            && refused.contains("LD_LIBRARY_PATH")
+            && refused.contains("nvidia/*/lib"),
+        "{refused}"
+    );
+    let loaded = plugins_in(Some(&tmp.path().join("venv")));
+    let mock = loaded
+        .lines()
+        .find(|l| l.starts_with("mock "))
+        .unwrap_or_else(|| panic!("{loaded}"));
+    assert!(mock.contains(&plugins.display().to_string()), "{loaded}");
+    assert!(!loaded.contains(library), "{loaded}");
+}

@@ -397,9 +397,10 @@ fn raise(py: Python<'_>, error: Error) -> PyErr {
         | Error::Audio { .. }
         | Error::Image { .. }
         | Error::Invalid(_) => "InvalidInputError",
-        Error::PluginNotFound { .. } | Error::NotAPlugin { .. } | Error::IncompatiblePlugin(_) => {
-            "PluginNotFoundError"
-        }
+        Error::PluginNotFound { .. }
+        | Error::NotAPlugin { .. }
+        | Error::MissingLibrary { .. }
+        | Error::IncompatiblePlugin(_) => "PluginNotFoundError",
         Error::Explain(_) => "ExplainError",
         Error::Cancelled { .. } => "CancelledError",
         Error::Plugin { source, .. } => match source.kind {
