@@ -5,6 +5,7 @@
 //! Either loads lazily (first call, once, under a lock); every call runs in the backend's
 //! thread pool.
 
+pub mod accelerator;
 pub mod attention;
 pub mod audio_backend;
 pub mod batch;

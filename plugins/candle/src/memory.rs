@@ -9,6 +9,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
 
+use crate::accelerator;
 use crate::models::BuildOptions;
 use crate::weights::WeightFormat;
 
@@ -55,17 +56,18 @@ impl MemoryBudget {
         (bytes >= 1.0 && bytes < u64::MAX as f64).then_some(MemoryBudget::Bytes(bytes as u64))
     }
 
-    /// The budget in bytes for weights on `device`; None is no limit. `auto` on CPU is half of
-    /// the memory available now (Linux `MemAvailable`: the other half is left for the KV and
-    /// prefix caches, activations and other processes), or 4 GiB where that cannot be read; on
-    /// an accelerator `auto` sets no limit, since host memory says nothing of the device's.
+    /// The budget in bytes for weights on `device`; None is no limit. `auto` is half of the
+    /// memory available now, the other half left for the KV and prefix caches, activations and
+    /// other processes: on CPU Linux's `MemAvailable` (4 GiB where that cannot be read), on
+    /// CUDA the device memory the driver reports free. On Metal `auto` sets no limit, since
+    /// host memory says nothing of the device's.
     pub fn bytes_on(self, device: &Device) -> Option<u64> {
         match self {
             MemoryBudget::Bytes(n) => Some(n),
             MemoryBudget::Auto if device.is_cpu() => {
                 Some(available_memory().map_or(FALLBACK_BYTES, |n| n / 2))
             }
-            MemoryBudget::Auto => None,
+            MemoryBudget::Auto => accelerator::free_memory(device).map(|n| n / 2),
         }
     }
 }

@@ -6,9 +6,9 @@ use candle_core::{DType, Device};
 use lmhost_plugin_api::serde_json::{json, Map, Value};
 use lmhost_plugin_api::{OptionKind, OptionSpec, PluginError};
 
-use crate::attention;
 use crate::memory::MemoryBudget;
 use crate::weights::WeightFormat;
+use crate::{accelerator, attention};
 
 /// Parsed `[backend.options]`.
 #[derive(Debug, Clone)]
@@ -45,7 +45,8 @@ pub fn specs() -> Vec<OptionSpec> {
             "dtype",
             &["auto", "float32", "float16", "bfloat16"],
             "auto",
-            "Compute dtype; auto: f32 on CPU, bf16 on CUDA, f16 on Metal.",
+            "Compute dtype; auto: f32 on CPU, bf16 on CUDA (f16 before compute capability 8.0), \
+             f16 on Metal.",
         ),
         OptionSpec::choice(
             "kv_cache_dtype",
@@ -87,9 +88,9 @@ pub fn specs() -> Vec<OptionSpec> {
             OptionKind::String,
             json!("auto"),
             "Most memory the weights may take: bytes, or a size such as \"8GiB\" or \"1.5GB\"; \
-             auto: half of MemAvailable on CPU (4 GiB where /proc/meminfo is absent), no limit \
-             on an accelerator. A model whose weights do not fit in the chosen format is \
-             refused, naming what it needs.",
+             auto: half of MemAvailable on CPU (4 GiB where /proc/meminfo is absent), half of \
+             the free GPU memory on CUDA, no limit on Metal. A model whose weights do not fit \
+             in the chosen format is refused, naming what it needs.",
         ),
         OptionSpec::new(
             "attn_implementation",
@@ -196,28 +197,50 @@ impl Settings {
 
     /// The device: an explicit choice must be available; auto falls back to CPU.
     pub fn device(&self) -> Result<Device, PluginError> {
-        let unavailable = |name: &str, feature: &str, e: candle_core::Error| {
+        let unavailable = |name: &str, built: bool, e: candle_core::Error| {
+            let hint = match built {
+                true => {
+                    format!("this build has `{name}`: the machine lacks the device or its driver")
+                }
+                false => format!(
+                    "build the plugin with `--features {name}` on a machine with that device"
+                ),
+            };
             PluginError::config(format!(
-                "option `device` = {name:?} is not available: {e} (build the plugin with \
-                 `--features {feature}` on a machine with that device, or use \"cpu\")"
+                "option `device` = {name:?} is not available: {e} ({hint}, or use \"cpu\")"
             ))
         };
         match self.device.as_str() {
             "cpu" => Ok(Device::Cpu),
-            "cuda" => Device::new_cuda(0).map_err(|e| unavailable("cuda", "cuda", e)),
-            "metal" => Device::new_metal(0).map_err(|e| unavailable("metal", "metal", e)),
+            "cuda" => {
+                Device::new_cuda(0).map_err(|e| unavailable("cuda", cfg!(feature = "cuda"), e))
+            }
+            "metal" => {
+                Device::new_metal(0).map_err(|e| unavailable("metal", cfg!(feature = "metal"), e))
+            }
             _ => Ok(auto_device()),
         }
     }
 
-    /// The compute dtype on `device`.
+    /// The compute dtype on `device`: `auto` is bf16 on CUDA (f16 before Ampere, which has no
+    /// bf16 kernels), f16 on Metal, f32 on CPU.
     pub fn dtype_on(&self, device: &Device) -> Result<DType, PluginError> {
+        let bf16 = accelerator::supports_bf16(device);
         Ok(match self.dtype.as_str() {
             "float32" => DType::F32,
             "float16" => DType::F16,
-            "bfloat16" => DType::BF16,
-            _ if device.is_cuda() => DType::BF16,
-            _ if device.is_metal() => DType::F16,
+            "bfloat16" if bf16 => DType::BF16,
+            "bfloat16" => {
+                let (major, minor) = accelerator::compute_capability(device).unwrap_or_default();
+                let (need_major, need_minor) = accelerator::BF16_SINCE;
+                return Err(PluginError::config(format!(
+                    "option `dtype` = \"bfloat16\" needs a GPU of compute capability \
+                     {need_major}.{need_minor} or later, and this one is {major}.{minor}; use \
+                     \"float16\" or \"float32\""
+                )));
+            }
+            _ if device.is_cuda() && bf16 => DType::BF16,
+            _ if device.is_cuda() || device.is_metal() => DType::F16,
             _ => DType::F32,
         })
     }

@@ -348,6 +348,10 @@ impl TextModel {
     /// Warns once that half-precision prefixes round differently from one forward pass (the
     /// cached path runs a prompt in several passes), and that float32 gives identical results.
     fn warn_half_precision_cache(&self) {
+        // Before asking for the device: on CUDA each ask makes a context handle.
+        if self.warned_half.load(Ordering::Relaxed) {
+            return;
+        }
         let s = &self.settings;
         let Ok(dtype) = s.device().and_then(|device| s.dtype_on(&device)) else {
             return; // loading reports a device the build lacks
