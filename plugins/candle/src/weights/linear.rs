@@ -354,7 +354,12 @@ fn as_stored(w: Weight, dtype: DType) -> Result<Kernel> {
 fn candle_as_stored(w: Weight, dtype: DType) -> Result<Kernel> {
     Ok(Kernel::Candle(match w {
         Weight::Dense(t) => QMatMul::Tensor(t.to_dtype(dtype)?),
-        Weight::Quantized(q) => QMatMul::from_arc(q)?,
+        // Candle dequantizes a float-typed matrix (F32, F16, BF16) to f32: it computes in
+        // `dtype` too, as a dense weight does (bf16 on CUDA).
+        Weight::Quantized(q) => match QMatMul::from_arc(q)? {
+            QMatMul::Tensor(t) => QMatMul::Tensor(t.to_dtype(dtype)?),
+            other => other,
+        },
     }))
 }
 
@@ -584,6 +589,21 @@ mod tests {
                 let gap = stored.forward(&x)?.sub(&compact)?.abs()?.max_all()?;
                 assert_eq!(gap.to_scalar::<f32>()?, 0.0, "{dtype:?}");
             }
+        }
+        Ok(())
+    }
+
+    /// A float-typed stored matrix (a GGUF's F16) computes in the compute dtype, as a dense one
+    /// does: candle dequantizes it to f32, which a half-precision pass (CUDA's bf16) could not
+    /// multiply by.
+    #[test]
+    fn a_float_typed_stored_matrix_computes_in_the_compute_dtype() -> Result<()> {
+        let dense = Tensor::randn(0f32, 1.0, (16, 64), &Device::Cpu)?;
+        let w = Weight::Quantized(Arc::new(QTensor::quantize(&dense, GgmlDType::F16)?));
+        let x = Tensor::randn(0f32, 1.0, (1, 3, 64), &Device::Cpu)?.to_dtype(DType::F16)?;
+        for format in [WeightFormat::AsStored, WeightFormat::Compact] {
+            let y = Linear::new(w.clone(), None, format, DType::F16)?.forward(&x)?;
+            assert_eq!((y.dtype(), y.dims()), (DType::F16, &[1, 3, 16][..]));
         }
         Ok(())
     }
