@@ -14,8 +14,9 @@
 //! `cargo run --release --example bench` (after `scripts/fetch-models`). Environment:
 //! `BENCH_MODELS=smollm2,gemma3`, `BENCH_THREADS=all` (or a list: `1,all`), `BENCH_PREFILL=128`
 //! (chunk sizes are 32, 128, 512 up to the prefill; 512 measures all three),
-//! `BENCH_WEIGHTS=auto,f32,compact,mixed,as_stored` (also `q8_0`, `q4_0`). The defaults take a
-//! few minutes on 2 cores.
+//! `BENCH_WEIGHTS=auto,f32,compact,mixed,as_stored` (also `q8_0`, `q4_0`), `BENCH_DEVICE=auto`
+//! (our rows' option `device`; the references run on CPU). The defaults take a few minutes on
+//! 2 cores.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -79,6 +80,7 @@ struct Setup {
     prefill: usize,
     chunks: Vec<usize>,
     threads: usize,
+    device: String,
 }
 
 impl Setup {
@@ -349,7 +351,7 @@ fn bench_model(model: &Model, setup: &Setup, llama: bool) -> anyhow::Result<()> 
     anyhow::ensure!(path.is_file(), "{} is missing: {fetch}", path.display());
     let load = |weights: &str| -> anyhow::Result<Arc<Engine>> {
         let context = PluginContext::new("candle", &path.to_string_lossy())
-            .with_options(json!({ "weights": weights }));
+            .with_options(json!({ "weights": weights, "device": setup.device }));
         Ok(Candle::new(context)?.engine()?)
     };
     // BOS as the model's metadata says, like llama.cpp's tokenizer.
@@ -454,6 +456,7 @@ fn main() -> anyhow::Result<()> {
                 prefill,
                 chunks: chunks.clone(),
                 threads,
+                device: env_list("BENCH_DEVICE", "auto")[0].clone(),
             };
             bench_model(model, &setup, llama)?;
         }
