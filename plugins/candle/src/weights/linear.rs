@@ -139,11 +139,11 @@ fn candle_unpacked(q: &Arc<QTensor>) -> Option<Kernel> {
         .then(|| Kernel::Unpacked(q.clone(), kernel))
 }
 
-fn requantize(w: &Weight, to: GgmlDType) -> Result<Kernel> {
+/// `w` requantized to `to`; rows that do not fit its blocks stay dense, in the compute `dtype`.
+fn requantize(w: &Weight, to: GgmlDType, dtype: DType) -> Result<Kernel> {
     let dense = w.dense(DType::F32)?;
-    // Rows that do not fit the block size stay dense.
     if dense.dim(candle_core::D::Minus1)? % to.block_size() != 0 {
-        return Ok(Kernel::Candle(QMatMul::Tensor(dense)));
+        return Ok(Kernel::Candle(QMatMul::Tensor(dense.to_dtype(dtype)?)));
     }
     QMatMul::from_qtensor(QTensor::quantize(&dense, to)?).map(Kernel::Candle)
 }
@@ -184,16 +184,16 @@ fn bf16_kernel(w: &Weight, dtype: DType) -> Result<Kernel> {
 }
 
 /// `auto`'s decode copy: the stored blocks where our kernels run them, else [`decode_copy`].
-fn stored_for_decode(w: &Weight) -> Result<Kernel> {
+fn stored_for_decode(w: &Weight, dtype: DType) -> Result<Kernel> {
     match w {
-        Weight::Quantized(q) => lmhost_kernel(q)?.map_or_else(|| decode_copy(w), Ok),
-        w => decode_copy(w),
+        Weight::Quantized(q) => lmhost_kernel(q)?.map_or_else(|| decode_copy(w, dtype), Ok),
+        w => decode_copy(w, dtype),
     }
 }
 
 /// `mixed`'s decode copy: Q8_0, on CPU through our kernel.
-fn decode_copy(w: &Weight) -> Result<Kernel> {
-    Ok(match requantize(w, GgmlDType::Q8_0)? {
+fn decode_copy(w: &Weight, dtype: DType) -> Result<Kernel> {
+    Ok(match requantize(w, GgmlDType::Q8_0, dtype)? {
         Kernel::Candle(QMatMul::QTensor(q)) => {
             lmhost_kernel(&q)?.unwrap_or(Kernel::Candle(QMatMul::QTensor(q)))
         }
@@ -375,9 +375,9 @@ impl Linear {
         let quantized = matches!(w, Weight::Quantized(_));
         let (prefill, decode) = match format {
             WeightFormat::Auto if format.decode_copy(quantized, dtype, &w.device()) => {
-                (dense(&w)?, Some(stored_for_decode(&w)?))
+                (dense(&w)?, Some(stored_for_decode(&w, dtype)?))
             }
-            WeightFormat::Mixed => (dense(&w)?, Some(decode_copy(&w)?)),
+            WeightFormat::Mixed => (dense(&w)?, Some(decode_copy(&w, dtype)?)),
             WeightFormat::Compact => match w {
                 Weight::Quantized(q) => match lmhost_kernel(&q)?.or_else(|| candle_unpacked(&q)) {
                     Some(kernel) => (kernel, None),
@@ -388,11 +388,13 @@ impl Linear {
             WeightFormat::Auto | WeightFormat::AsStored => (as_stored(w, dtype)?, None),
             WeightFormat::Dense => (dense(&w)?, None),
             WeightFormat::Bf16 => {
-                let decode = quantized.then(|| stored_for_decode(&w)).transpose()?;
+                let decode = quantized
+                    .then(|| stored_for_decode(&w, dtype))
+                    .transpose()?;
                 (bf16_kernel(&w, dtype)?, decode)
             }
-            WeightFormat::Q8_0 => (requantize(&w, GgmlDType::Q8_0)?, None),
-            WeightFormat::Q4_0 => (requantize(&w, GgmlDType::Q4_0)?, None),
+            WeightFormat::Q8_0 => (requantize(&w, GgmlDType::Q8_0, dtype)?, None),
+            WeightFormat::Q4_0 => (requantize(&w, GgmlDType::Q4_0, dtype)?, None),
         };
         let bias = bias.map(|b| b.to_dtype(dtype)).transpose()?;
         Ok(Linear {
@@ -604,6 +606,21 @@ mod tests {
         for format in [WeightFormat::AsStored, WeightFormat::Compact] {
             let y = Linear::new(w.clone(), None, format, DType::F16)?.forward(&x)?;
             assert_eq!((y.dtype(), y.dims()), (DType::F16, &[1, 3, 16][..]));
+        }
+        Ok(())
+    }
+
+    /// Requantizing keeps a matrix whose rows do not fit the blocks dense, and in the compute
+    /// dtype too, in every format that requantizes, in both phases.
+    #[test]
+    fn rows_too_short_to_requantize_stay_dense_in_the_compute_dtype() -> Result<()> {
+        let w = Weight::Dense(Tensor::randn(0f32, 1.0, (16, 40), &Device::Cpu)?);
+        let x = Tensor::randn(0f32, 1.0, (1, 3, 40), &Device::Cpu)?.to_dtype(DType::F16)?;
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Mixed] {
+            let layer = Linear::new(w.clone(), None, format, DType::F16)?;
+            for y in [layer.forward(&x)?, generating(|| layer.forward(&x))?] {
+                assert_eq!((y.dtype(), y.dims()), (DType::F16, &[1, 3, 16][..]));
+            }
         }
         Ok(())
     }
