@@ -142,6 +142,24 @@ mod tests {
         assert_eq!(missing_library("undefined symbol: cuInit"), None);
     }
 
+    /// The driver's library gets its own advice: no wheel ships it.
+    #[test]
+    fn a_missing_driver_is_named_as_the_driver() {
+        let dirs = [PathBuf::from(
+            "/venv/lib/python3.12/site-packages/nvidia/cu13/lib",
+        )];
+        let driver = not_found("libcuda.so.1", &dirs);
+        assert!(
+            driver.contains("NVIDIA driver") && driver.contains("cu13/lib"),
+            "{driver}"
+        );
+        let wheel = not_found("libcublas.so.13", &[]);
+        assert!(
+            wheel.contains("pip install") && wheel.contains("none exists"),
+            "{wheel}"
+        );
+    }
+
     #[test]
     fn wheel_folders_are_found_under_a_prefix() {
         let root = tempfile::tempdir().unwrap();
