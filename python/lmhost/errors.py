@@ -22,7 +22,8 @@ class FileError(LmhostError, OSError):
 
 
 class PluginNotFoundError(LmhostError, LookupError):
-    """No backend of that name, or a library that is not a compatible lmhost plugin."""
+    """No backend of that name, a library that is not a compatible lmhost plugin, or one whose
+    shared libraries (a CUDA build's cuBLAS, say) cannot be found."""
 
 
 class BackendUnavailableError(LmhostError):
