@@ -60,8 +60,7 @@ fn tiny_models(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn on(model: &Path, device: &str, options: Value) -> Candle {
-    let mut options = options;
+fn on(model: &Path, device: &str, mut options: Value) -> Candle {
     options["device"] = json!(device);
     backend(model, options)
 }
