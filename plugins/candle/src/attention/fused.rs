@@ -17,8 +17,14 @@
 //! answers `None` and the caller takes the generic path.
 //!
 //! Under `sdpa_bf16` (`Panels`) a shared prefix is scored and weighed in bf16 products
-//! instead, block by block at fixed positions: a row then comes out the same alone or in a pass
-//! of many, but differs by that rounding from the same row computed with its prefix.
+//! instead, block by block at fixed positions, in an online softmax ([`Online`], as flash
+//! attention keeps one) that the row's own keys join last: a block's weights are computed,
+//! rounded and summed against its values while the block's scores are in L1, and each output is
+//! divided once at the end, instead of a pass over every score for the maximum, another for the
+//! exponentials and a third for the division. Their exponentials need only bf16's precision, so
+//! they take a shorter polynomial ([`Ops::coarse_exp_sum`]). A row then comes out the same alone
+//! or in a pass of many, but differs by that rounding from the same row computed with its
+//! prefix.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -222,54 +228,38 @@ fn tile<E: Elem>(
     own: (&Heads<'_, E>, &Heads<'_, E>),
     panels: Option<&Panels>,
 ) -> Option<Vec<f32>> {
+    if let Some(panels) = panels {
+        return online(shape, task, params, queries, own, panels);
+    }
     let Shape { n_rep, d, .. } = shape;
     let g = task.g;
-    let runs: Vec<Vec<Range<usize>>> = task
-        .rows
-        .clone()
-        .map(|r| visible(params.offset + r, params))
-        .collect();
+    let runs = visible_runs(task, params);
     let counts: Vec<usize> = runs
         .iter()
         .map(|r| r.iter().map(|r| r.len()).sum())
         .collect();
-    // Row `ri`'s query heads' scores, `count` each, start at `starts[ri]`.
-    let starts: Vec<usize> = counts
-        .iter()
-        .scan(0, |at, &c| {
-            let start = *at;
-            *at += c * n_rep;
-            Some(start)
-        })
-        .collect();
+    let starts = Rows::starts(&counts, n_rep);
     let total = counts.iter().sum::<usize>() * n_rep;
     let rows = Rows {
         starts: &starts,
         counts: &counts,
         n_rep,
     };
-    let heads = |ri: usize| {
-        let r = task.rows.start + ri;
-        (0..n_rep).map(move |rep| queries.at(g * n_rep + rep, r))
-    };
+    let heads = |ri: usize| row_heads(queries, task, n_rep, ri);
     // A piece's keys (or values) where they lie: in the prefix's state or the sequence's own.
     let lying = |in_prefix: bool, values: bool, keys: Range<usize>| {
         let (k, v) = if in_prefix { prefix? } else { own };
         (if values { v } else { k }).run(g, keys, d)
     };
-    let mut list = Vec::new();
+    let mut by_key = Vec::new();
     pieces(&runs, shape.prefix, |ri, at, keys, in_prefix| {
-        list.push(Piece {
+        by_key.push(Piece {
             ri,
             at,
             keys,
             in_prefix,
         })
     });
-    // The pieces the per-key operations take: all, or the sequence's own beside `panels`.
-    let (in_panels, by_key): (Vec<Piece>, Vec<Piece>) = list
-        .into_iter()
-        .partition(|p| p.in_prefix && panels.is_some());
     let ops = Ops::new(d);
     let scale = params.scale as f32;
     let mut out = vec![0f32; task.rows.len() * n_rep * d];
@@ -281,10 +271,6 @@ fn tile<E: Elem>(
             all.resize(total, 0.0);
         }
         let scores = &mut all[..total];
-        if let Some(panels) = panels {
-            let x = panels.queries((0..task.rows.len()).flat_map(heads), d);
-            panels.scores(&x, &in_panels, rows, scale, scores);
-        }
         for &Piece {
             ri,
             at,
@@ -301,9 +287,6 @@ fn tile<E: Elem>(
         }
         for ri in 0..counts.len() {
             rows.of(scores, ri).for_each(|w| ops.softmax(w));
-        }
-        if let Some(panels) = panels {
-            panels.sums(scores, &in_panels, rows, &mut out);
         }
         for &Piece {
             ri,
@@ -327,6 +310,171 @@ fn tile<E: Elem>(
     complete.then_some(out)
 }
 
+/// [`tile`] through `panels`: the rows' query heads meet the prefix block by block
+/// ([`Panels::attend`]), then their own keys by the per-key operations, in one online softmax
+/// ([`Online`]), each output divided by its weights' sum once at the end.
+fn online<E: Elem>(
+    shape: Shape,
+    task: &Task,
+    params: &AttnParams<'_>,
+    queries: Queries<'_>,
+    (keys, values): (&Heads<'_, E>, &Heads<'_, E>),
+    panels: &Panels,
+) -> Option<Vec<f32>> {
+    let Shape { n_rep, d, prefix } = shape;
+    let g = task.g;
+    let heads = |ri: usize| row_heads(queries, task, n_rep, ri);
+    let (mut in_prefix, mut by_key) = (Vec::new(), Vec::new());
+    // A row's own keys are counted among its own visible keys only.
+    let mut counts = vec![0; task.rows.len()];
+    pieces(
+        &visible_runs(task, params),
+        prefix,
+        |ri, at, keys, is_prefix| {
+            if is_prefix {
+                in_prefix.push(Piece {
+                    ri,
+                    at,
+                    keys,
+                    in_prefix: true,
+                });
+            } else {
+                let at = counts[ri];
+                counts[ri] += keys.len();
+                by_key.push(Piece {
+                    ri,
+                    at,
+                    keys,
+                    in_prefix: false,
+                });
+            }
+        },
+    );
+    let ops = Ops::new(d);
+    let scale = params.scale as f32;
+    let x = panels.queries((0..task.rows.len()).flat_map(heads), d);
+    let mut state = Online::new(task.rows.len() * n_rep, d);
+    panels.attend(&x, &in_prefix, n_rep, (scale, ops), &mut state);
+    let starts = Rows::starts(&counts, n_rep);
+    let rows = Rows {
+        starts: &starts,
+        counts: &counts,
+        n_rep,
+    };
+    let total = counts.iter().sum::<usize>() * n_rep;
+    let mut complete = true;
+    SCORES.with_borrow_mut(|all| {
+        if all.len() < total {
+            all.resize(total, 0.0);
+        }
+        let scores = &mut all[..total];
+        for piece in &by_key {
+            let Some(run) = keys.run(g, piece.keys.clone(), d) else {
+                complete = false;
+                return;
+            };
+            let weights = rows
+                .of(scores, piece.ri)
+                .map(|w| &mut w[piece.at..piece.at + piece.keys.len()]);
+            ops.scores(heads(piece.ri), run, scale, weights);
+        }
+        for ri in 0..counts.len() {
+            for (rep, w) in rows.of(scores, ri).enumerate() {
+                let h = ri * n_rep + rep;
+                state.raise(h, ops.largest(w, f32::NEG_INFINITY));
+                state.add(h, ops.exp_sum(w, state.largest[h]));
+            }
+        }
+        for piece in &by_key {
+            let Some(run) = values.run(g, piece.keys.clone(), d) else {
+                complete = false;
+                return;
+            };
+            let count = counts[piece.ri];
+            let start = starts[piece.ri];
+            let weights = scores[start..start + n_rep * count]
+                .chunks(count)
+                .map(|w| &w[piece.at..piece.at + piece.keys.len()]);
+            let outs = state.out[piece.ri * n_rep * d..][..n_rep * d].chunks_mut(d);
+            ops.accumulate(weights, run, outs);
+        }
+    });
+    complete.then(|| state.finish())
+}
+
+/// Each of a task's query heads' softmax over the keys it has met so far, kept as flash
+/// attention keeps it: the largest score, the sum of `e^(s - largest)` over the keys, and the
+/// values weighted by those, still to be divided by the sum.
+struct Online {
+    largest: Vec<f32>,
+    sum: Vec<f32>,
+    /// `(heads, d)`.
+    out: Vec<f32>,
+    d: usize,
+}
+
+impl Online {
+    fn new(heads: usize, d: usize) -> Online {
+        Online {
+            largest: vec![f32::NEG_INFINITY; heads],
+            sum: vec![0.0; heads],
+            out: vec![0.0; heads * d],
+            d,
+        }
+    }
+
+    /// Head `h` is about to meet keys whose largest score is `top`: what it has summed is
+    /// rescaled to the new largest.
+    fn raise(&mut self, h: usize, top: f32) {
+        if top <= self.largest[h] {
+            return;
+        }
+        if self.sum[h] > 0.0 {
+            let by = (self.largest[h] - top).exp();
+            self.sum[h] *= by;
+            for o in &mut self.out[h * self.d..][..self.d] {
+                *o *= by;
+            }
+        }
+        self.largest[h] = top;
+    }
+
+    /// Head `h` met keys whose weights, `e^(s - largest)` (after [`Online::raise`]), sum to
+    /// `sum`.
+    fn add(&mut self, h: usize, sum: f32) {
+        self.sum[h] += sum;
+    }
+
+    /// Each head's output divided by its sum: `(heads, d)`, as `(row, rep, d)`.
+    fn finish(mut self) -> Vec<f32> {
+        for (out, &sum) in self.out.chunks_mut(self.d).zip(&self.sum) {
+            if sum > 0.0 {
+                out.iter_mut().for_each(|o| *o /= sum);
+            }
+        }
+        self.out
+    }
+}
+
+/// The keys each of a task's rows sees, as [`visible`] gives them.
+fn visible_runs(task: &Task, params: &AttnParams<'_>) -> Vec<Vec<Range<usize>>> {
+    task.rows
+        .clone()
+        .map(|r| visible(params.offset + r, params))
+        .collect()
+}
+
+/// The query heads of a task's row `ri` that its key/value head serves.
+fn row_heads<'q>(
+    queries: Queries<'q>,
+    task: &Task,
+    n_rep: usize,
+    ri: usize,
+) -> impl Iterator<Item = &'q [f32]> {
+    let (g, r) = (task.g, task.rows.start + ri);
+    (0..n_rep).map(move |rep| queries.at(g * n_rep + rep, r))
+}
+
 /// Where a task's rows keep their query heads' scores among its scores.
 #[derive(Clone, Copy)]
 struct Rows<'a> {
@@ -337,16 +485,23 @@ struct Rows<'a> {
 }
 
 impl Rows<'_> {
+    /// Where each row's query heads' scores start, for rows of `counts` keys each: one after
+    /// another, `n_rep` heads a row.
+    fn starts(counts: &[usize], n_rep: usize) -> Vec<usize> {
+        counts
+            .iter()
+            .scan(0, |at, &c| {
+                let start = *at;
+                *at += c * n_rep;
+                Some(start)
+            })
+            .collect()
+    }
+
     /// Row `ri`'s query heads' scores, one slice each.
     fn of<'s>(&self, scores: &'s mut [f32], ri: usize) -> std::slice::ChunksMut<'s, f32> {
         let count = self.counts[ri];
         scores[self.starts[ri]..self.starts[ri] + self.n_rep * count].chunks_mut(count.max(1))
-    }
-
-    /// Query head `rep` of row `ri`'s scores from key `at` of its visible keys, `len` of them.
-    fn at(&self, ri: usize, rep: usize, at: usize, len: usize) -> Range<usize> {
-        let start = self.starts[ri] + rep * self.counts[ri] + at;
-        start..start + len
     }
 }
 
@@ -374,7 +529,7 @@ struct Panels {
 
 /// Keys per block of [`Panels::sums`]: each tile of weights meets a block's values (32 KB at
 /// head width 64) in one chain of products, added to the outputs once a block.
-const SUMS: usize = 4 * BLOCK;
+pub(super) const SUMS: usize = 4 * BLOCK;
 
 const _: () = assert!(
     BLOCK == bf16::WIDE * bf16::LANES,
@@ -414,61 +569,97 @@ impl Panels {
         x
     }
 
-    /// Each prefix piece's scores, scaled, where `rows` keeps them: block by block, every
-    /// query head `x` holds meeting the block's keys in tiles.
-    fn scores(&self, x: &[u32], pieces: &[Piece], rows: Rows<'_>, scale: f32, scores: &mut [f32]) {
+    /// The query heads `x` holds (bf16 pairs, one row each; `n_rep` a row) meet the prefix
+    /// pieces of their rows, block by block of [`SUMS`] keys: the block's scores in tiles of
+    /// key panels, each head's largest and weights into `state`, then the weights, rounded,
+    /// against the block's value panels, added to the outputs.
+    fn attend(
+        &self,
+        x: &[u32],
+        pieces: &[Piece],
+        n_rep: usize,
+        (scale, ops): (f32, Ops),
+        state: &mut Online,
+    ) {
+        let heads = x.len() / self.keys.shape().1.div_ceil(2);
+        let half = SUMS / 2;
+        let mut scores = vec![0f32; heads * SUMS];
+        let mut top = vec![f32::NEG_INFINITY; heads];
+        let mut weights = vec![0u32; heads * half];
+        let mut runs = Vec::new();
+        for group in pieces.chunk_by(|a, b| a.keys.start / SUMS == b.keys.start / SUMS) {
+            let base = group[0].keys.start / SUMS * SUMS;
+            self.block_scores(x, group, base, scale, &mut scores);
+            row_lanes(group, base, &mut runs);
+            top.fill(f32::NEG_INFINITY);
+            for (ri, lanes) in &runs {
+                for h in ri * n_rep..(ri + 1) * n_rep {
+                    top[h] = ops.largest(&scores[h * SUMS..][lanes.clone()], top[h]);
+                }
+            }
+            for (h, &top) in top.iter().enumerate() {
+                state.raise(h, top);
+            }
+            weights.fill(0);
+            for (ri, lanes) in &runs {
+                for h in ri * n_rep..(ri + 1) * n_rep {
+                    let seen = &mut scores[h * SUMS..][lanes.clone()];
+                    state.add(h, ops.coarse_exp_sum(seen, state.largest[h]));
+                    self.place(seen, lanes.start, &mut weights[h * half..][..half]);
+                }
+            }
+            let first = base / 2;
+            let block = first..(first + half).min(self.len.div_ceil(2));
+            self.sums(&weights, block, &mut state.out);
+        }
+    }
+
+    /// Every head's scaled scores against the keys of the blocks of [`BLOCK`] that `group`'s
+    /// pieces reach, from `base`, into `scores` (`SUMS` a head).
+    fn block_scores(
+        &self,
+        x: &[u32],
+        group: &[Piece],
+        base: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
         let pairs = self.keys.shape().1.div_ceil(2);
         let heads = x.len() / pairs;
-        let mut block = vec![[0f32; BLOCK]; heads];
-        for group in pieces.chunk_by(|a, b| a.keys.start / BLOCK == b.keys.start / BLOCK) {
-            let first = group[0].keys.start / BLOCK;
-            for (i, tile) in block.chunks_mut(bf16::TILE).enumerate() {
-                let x = &x[i * bf16::TILE * pairs..];
-                self.keys.tile(x, pairs, 0..pairs, first * bf16::WIDE, tile);
-            }
-            for piece in group {
-                let lanes = piece.keys.start % BLOCK..(piece.keys.end - 1) % BLOCK + 1;
-                for rep in 0..rows.n_rep {
-                    let from = &block[piece.ri * rows.n_rep + rep][lanes.clone()];
-                    let to = &mut scores[rows.at(piece.ri, rep, piece.at, lanes.len())];
-                    for (to, from) in to.iter_mut().zip(from) {
-                        *to = from * scale;
-                    }
+        let mut reached = [false; SUMS / BLOCK];
+        group
+            .iter()
+            .for_each(|p| reached[(p.keys.start - base) / BLOCK] = true);
+        let mut tile = [[0f32; BLOCK]; bf16::TILE];
+        for b in (0..reached.len()).filter(|&b| reached[b]) {
+            let panel = (base / BLOCK + b) * bf16::WIDE;
+            for first in (0..heads).step_by(bf16::TILE) {
+                let tile = &mut tile[..bf16::TILE.min(heads - first)];
+                self.keys
+                    .tile(&x[first * pairs..], pairs, 0..pairs, panel, tile);
+                for (h, block) in tile.iter().enumerate() {
+                    let to = &mut scores[(first + h) * SUMS + b * BLOCK..][..BLOCK];
+                    to.iter_mut().zip(block).for_each(|(to, s)| *to = s * scale);
                 }
             }
         }
     }
 
-    /// Each query head's output `+=` its prefix pieces' weights times their values, block by
-    /// block, the weights rounded to bf16.
-    fn sums(&self, weights: &[f32], pieces: &[Piece], rows: Rows<'_>, out: &mut [f32]) {
+    /// Each head's output `+=` its row of `weights` (bf16 pairs over the keys of `block`, a
+    /// block's pairs) times those keys' values.
+    fn sums(&self, weights: &[u32], block: Range<usize>, out: &mut [f32]) {
         let d = self.values.shape().0;
-        let heads = out.len() / d;
-        let pairs = SUMS / 2;
-        let mut x = vec![0u32; heads * pairs];
+        let half = SUMS / 2;
         let mut acc = [[0f32; BLOCK]; bf16::TILE];
-        for group in pieces.chunk_by(|a, b| a.keys.start / SUMS == b.keys.start / SUMS) {
-            let first = group[0].keys.start / SUMS * pairs;
-            let block = first..(first + pairs).min(self.len.div_ceil(2));
-            x.fill(0);
-            for piece in group {
-                let lane = piece.keys.start % SUMS;
-                for rep in 0..rows.n_rep {
-                    let from = &weights[rows.at(piece.ri, rep, piece.at, piece.keys.len())];
-                    let head = piece.ri * rows.n_rep + rep;
-                    self.place(from, lane, &mut x[head * pairs..][..pairs]);
-                }
-            }
-            for (i, outs) in out.chunks_mut(bf16::TILE * d).enumerate() {
-                let tile = &mut acc[..outs.len() / d];
-                let x = &x[i * bf16::TILE * pairs..];
-                for panel in (0..d.div_ceil(bf16::LANES)).step_by(bf16::WIDE) {
-                    self.values.tile(x, pairs, block.clone(), panel, tile);
-                    let columns = panel * bf16::LANES..d.min((panel + bf16::WIDE) * bf16::LANES);
-                    for (out, acc) in outs.chunks_exact_mut(d).zip(tile.iter()) {
-                        for (o, a) in out[columns.clone()].iter_mut().zip(acc) {
-                            *o += a;
-                        }
+        for (i, outs) in out.chunks_mut(bf16::TILE * d).enumerate() {
+            let tile = &mut acc[..outs.len() / d];
+            let x = &weights[i * bf16::TILE * half..];
+            for panel in (0..d.div_ceil(bf16::LANES)).step_by(bf16::WIDE) {
+                self.values.tile(x, half, block.clone(), panel, tile);
+                let columns = panel * bf16::LANES..d.min((panel + bf16::WIDE) * bf16::LANES);
+                for (out, acc) in outs.chunks_exact_mut(d).zip(tile.iter()) {
+                    for (o, a) in out[columns.clone()].iter_mut().zip(acc) {
+                        *o += a;
                     }
                 }
             }
@@ -493,6 +684,25 @@ impl Panels {
             words[(lane + even) / 2] |= u32::from(half[0]);
         }
     }
+}
+
+/// Into `runs`, each row's lanes of a block from `base` that `group`'s pieces cover, its pieces
+/// joined where they meet: one run a row unless keys are hidden from it.
+fn row_lanes(group: &[Piece], base: usize, runs: &mut Vec<(usize, Range<usize>)>) {
+    runs.clear();
+    runs.extend(
+        group
+            .iter()
+            .map(|p| (p.ri, p.keys.start - base..p.keys.end - base)),
+    );
+    runs.sort_unstable_by_key(|(ri, lanes)| (*ri, lanes.start));
+    runs.dedup_by(|(ri, next), (into_ri, into)| {
+        let joins = ri == into_ri && next.start == into.end;
+        if joins {
+            into.end = next.end;
+        }
+        joins
+    });
 }
 
 /// Calls `f(row, at, keys, in_prefix)` for every piece of every row's visible runs, block by

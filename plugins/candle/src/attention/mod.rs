@@ -345,7 +345,9 @@ impl Attention for Sdpa {
 /// [`Sdpa`], except that sequences continuing a shared prefix attend to it in bf16 products
 /// with f32 sums where the CPU has AVX-512 BF16 (f32 elsewhere): `weights = "bf16"`'s choice
 /// for `sdpa`, so that explaining under `hide`, whose coalitions all attend to the cached
-/// context, runs at the rate of those products. The rows' own keys stay f32, so a row scored
+/// context, runs at the rate of those products (its weights, rounded to bf16 next, from
+/// exponentials within 3e-6, in one online softmax with the row's own keys). The rows' own
+/// keys stay f32, so a row scored
 /// after a cached prefix differs from the same row scored whole by that rounding. (Bf16
 /// attention to a long prompt's own keys as well gained little and moved explain's values
 /// half as far again.) A generation attends in f32, as under `sdpa`.
@@ -834,9 +836,9 @@ mod tests {
     }
 
     /// Attention in f64 of `q` over `k`, `v` (`(1, kv_heads, len, d)`, positions from 0) as `p`
-    /// lets each query see them, the first `in_bf16` keys' products, queries, weights and
-    /// values rounded to bf16 first; each output with how far f32 arithmetic may stray from
-    /// it: 1e-5, plus, since a weight computed in f32 that lies at a bf16 rounding boundary
+    /// lets each query see them, the first `in_bf16` keys' products, queries, weights (as the
+    /// online softmax of `fused` weighs a block of keys) and values rounded to bf16 first;
+    /// each output with how far f32 arithmetic may stray from it: 1e-5, plus, since a weight computed in f32 that lies at a bf16 rounding boundary
     /// may round the other way than in f64 (by a bf16 unit, 2⁻⁷ of it at most; about one
     /// weight in 20,000 here), two such units of the largest weighted value. A wrong key or
     /// value moves an output by whole weights, 64 times that.
@@ -879,10 +881,26 @@ mod tests {
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                // The bf16 keys' weights are `e^(s - m)` rounded, `m` the largest score of
+                // the keys up to the end of their block, rescaled to `max` once rounded.
+                let largest_by = |j: usize| {
+                    let end = in_bf16.min((j / fused::SUMS + 1) * fused::SUMS);
+                    scores[..end]
+                        .iter()
+                        .copied()
+                        .fold(f64::NEG_INFINITY, f64::max)
+                };
+                let block_max: Vec<f64> = (0..scores.len()).map(largest_by).collect();
                 for c in 0..d {
-                    let terms = scores.iter().enumerate().map(|(j, s)| {
-                        let (w, x) = (((s - max).exp() / sum) as f32, v[(g * len + j) * d + c]);
-                        (product(j, w, x), (w * x).abs() as f64)
+                    let seen = scores.iter().enumerate().filter(|(_, s)| s.is_finite());
+                    let terms = seen.map(|(j, s)| {
+                        let x = v[(g * len + j) * d + c];
+                        let (w, by) = match j < in_bf16 {
+                            true => ((s - block_max[j]).exp() as f32, (block_max[j] - max).exp()),
+                            false => ((s - max).exp() as f32, 1.0),
+                        };
+                        let by = by / sum;
+                        (product(j, w, x) * by, (w as f64 * by * x as f64).abs())
                     });
                     let (value, largest) = terms.fold((0.0, 0f64), |(sum, big), (t, size)| {
                         (sum + t, big.max(size))

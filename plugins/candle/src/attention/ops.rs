@@ -100,6 +100,39 @@ impl Ops {
         softmax(scores);
     }
 
+    /// [`Ops::exp_sum`] for weights that are rounded to bf16 next: within 3e-6 of `e^(s -
+    /// max)` (bf16 keeps 2⁻⁹ of it), in two thirds of the instructions. Every score must be at
+    /// most `max`.
+    pub(super) fn coarse_exp_sum(self, scores: &mut [f32], max: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if !matches!(self, Ops::Scalar) {
+            // SAFETY: `Ops::new` found AVX2 and FMA.
+            return unsafe { coarse_exp_sum8(scores, max) };
+        }
+        exp_sum(scores, max)
+    }
+
+    /// The largest of `scores` and `floor` (a NaN score is passed over, as `f32::max` does).
+    pub(super) fn largest(self, scores: &[f32], floor: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if !matches!(self, Ops::Scalar) {
+            // SAFETY: `Ops::new` found AVX2.
+            return unsafe { largest8(scores, floor) };
+        }
+        scores.iter().copied().fold(floor, f32::max)
+    }
+
+    /// Each score `s` into `e^(s - max)`, in place; returns their sum, added as
+    /// [`Ops::softmax`] adds them.
+    pub(super) fn exp_sum(self, scores: &mut [f32], max: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if !matches!(self, Ops::Scalar) {
+            // SAFETY: `Ops::new` found AVX2 and FMA.
+            return unsafe { exp_sum8(scores, max) };
+        }
+        exp_sum(scores, max)
+    }
+
     /// Each output `+= Σ weights[j] · values[j]`, one key after another, for consecutive
     /// values of `d` each.
     pub(super) fn accumulate<'w, 'o, E: Elem>(
@@ -323,14 +356,20 @@ kernels!(avx512, "avx2,fma,f16c,avx512f,avx512vl", keys: 8, chunks: 8);
 /// Scores into probabilities, in place.
 fn softmax(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum = exp_sum(scores, max);
+    for s in scores.iter_mut() {
+        *s /= sum;
+    }
+}
+
+/// Each score `s` into `e^(s - max)`, in place; returns their sum.
+fn exp_sum(scores: &mut [f32], max: f32) -> f32 {
     let mut sum = 0.0;
     for s in scores.iter_mut() {
         *s = (*s - max).exp();
         sum += *s;
     }
-    for s in scores.iter_mut() {
-        *s /= sum;
-    }
+    sum
 }
 
 /// `a · b` in [`LANES`] partial sums added as a tree.
@@ -366,6 +405,37 @@ mod softmax8 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn softmax8(scores: &mut [f32]) {
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let total = exp_sum8(scores, max);
+        let (body, tail) = scores.as_chunks_mut::<8>();
+        let by = _mm256_set1_ps(total);
+        for s in body.iter_mut() {
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), _mm256_div_ps(load(s), by)) };
+        }
+        for s in tail.iter_mut() {
+            *s /= total;
+        }
+    }
+
+    /// The largest of `scores` and `floor`, 8 lanes at a time: `vmaxps` keeps its second
+    /// operand where the first is NaN, as `f32::max` passes over a NaN.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn largest8(scores: &[f32], floor: f32) -> f32 {
+        let (body, tail) = scores.as_chunks::<8>();
+        let mut top = _mm256_set1_ps(floor);
+        for s in body {
+            top = _mm256_max_ps(load(s), top);
+        }
+        let half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        let pair = _mm_max_ps(half, _mm_movehl_ps(half, half));
+        let one = _mm_cvtss_f32(_mm_max_ss(pair, _mm_movehdup_ps(pair)));
+        tail.iter().copied().fold(one, f32::max)
+    }
+
+    /// Each score `s` into `e^(s - max)`, in place, 8 at a time; returns their sum: each lane's
+    /// running sum, the lanes added as a tree, then the tail's in order.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn exp_sum8(scores: &mut [f32], max: f32) -> f32 {
         let (body, tail) = scores.as_chunks_mut::<8>();
         let mut sums = _mm256_setzero_ps();
         for s in body.iter_mut() {
@@ -379,14 +449,56 @@ mod softmax8 {
             *s = (*s - max).exp();
             total += *s;
         }
-        let by = _mm256_set1_ps(total);
+        total
+    }
+
+    /// [`exp_sum8`] with `e^x = 2^n · 2^f` (`x log₂e = n + f`, `|f| ≤ ½`), `2^f` by its
+    /// Taylor polynomial of degree 5 (relative error under 2.4e-6; `x log₂e` rounds by at
+    /// most 2⁻²⁴ of it, 5e-6 of the result at `x = -87`, where weights are 1e-38); inputs
+    /// are at most 0 and clamped below where `2^n` is a normal float.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn coarse_exp_sum8(scores: &mut [f32], max: f32) -> f32 {
+        let (body, tail) = scores.as_chunks_mut::<8>();
+        let mut sums = _mm256_setzero_ps();
         for s in body.iter_mut() {
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), _mm256_div_ps(load(s), by)) };
+            let e = exp2(_mm256_sub_ps(load(s), _mm256_set1_ps(max)));
+            sums = _mm256_add_ps(sums, e);
+            // SAFETY: `s` is 8 writable f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), e) };
         }
+        let mut total = sum(sums);
         for s in tail.iter_mut() {
-            *s /= total;
+            *s = (*s - max).exp();
+            total += *s;
         }
+        total
+    }
+
+    /// `e^x` for `x ≤ 0`, as [`coarse_exp_sum8`] computes it.
+    #[target_feature(enable = "avx2,fma")]
+    fn exp2(x: __m256) -> __m256 {
+        const LN2: f32 = std::f32::consts::LN_2;
+        let t = _mm256_mul_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let f = _mm256_sub_ps(t, n);
+        let mut p = _mm256_set1_ps(LN2.powi(5) / 120.0);
+        for c in [
+            LN2.powi(4) / 24.0,
+            LN2.powi(3) / 6.0,
+            LN2 * LN2 / 2.0,
+            LN2,
+            1.0,
+        ] {
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+        }
+        let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(two_n))
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -404,7 +516,7 @@ mod softmax8 {
 }
 
 #[cfg(target_arch = "x86_64")]
-use softmax8::softmax8;
+use softmax8::{coarse_exp_sum8, exp_sum8, largest8, softmax8};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
