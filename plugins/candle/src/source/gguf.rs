@@ -205,8 +205,27 @@ pub fn text(path: &Path) -> Result<ModelText, String> {
 /// Loads a GGUF file; every error names what was wrong (the caller adds the path). lmhost's
 /// own reader checks the header first (counts, lengths and shapes within the file), so
 /// candle's, which allocates what the header says, only ever reads a sound one.
-pub fn load(path: &Path, mut build: BuildOptions) -> Result<LoadedLm, String> {
-    let text = text(path)?;
+pub fn load(path: &Path, build: BuildOptions) -> Result<LoadedLm, String> {
+    // The tokenizer is built on a thread of its own while the weights load, much of which
+    // reads the file on one core; the model's shape needs only the vocabulary's length.
+    std::thread::scope(|scope| {
+        let text = scope.spawn(|| text(path));
+        let model = load_model(path, build);
+        let text = text
+            .join()
+            .map_err(|_| "building its tokenizer panicked".to_string())??;
+        let (model, stored_prompts) = model?;
+        Ok(LoadedLm {
+            model,
+            text,
+            stored_prompts,
+            vision: None,
+        })
+    })
+}
+
+/// The model in a GGUF file, and whether a generation's prompt runs through its decode copies.
+fn load_model(path: &Path, mut build: BuildOptions) -> Result<(Box<dyn CausalLm>, bool), String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let len = file
         .metadata()
@@ -217,7 +236,11 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<LoadedLm, String> {
         Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
     check_extents(&content, len)?;
     let meta = &content.metadata;
-    let vocab = text.tokenizer.vocab_size();
+    // The tokenizer's vocabulary is this list, one token an id.
+    let vocab = match meta.get(TOKENS) {
+        Some(Value::Array(tokens)) => tokens.len(),
+        _ => return Err(format!("{TOKENS} is missing or not an array")),
+    };
     let has_output = content.tensor_infos.contains_key("output.weight");
     let arch = architecture(meta)?;
     let cfg = if arch == gemma3::ARCHITECTURE {
@@ -244,13 +267,11 @@ pub fn load(path: &Path, mut build: BuildOptions) -> Result<LoadedLm, String> {
         Config::Llama(cfg) => Box::new(crate::models::load_decoder(cfg, &mut source, build)?),
         Config::Gemma3(cfg) => Box::new(Gemma3::load(cfg, &mut source, build)?),
     };
-    Ok(LoadedLm {
-        model,
-        text,
-        stored_prompts,
-        vision: None,
-    })
+    Ok((model, stored_prompts))
 }
+
+/// The GGUF key of the vocabulary's tokens.
+const TOKENS: &str = "tokenizer.ggml.tokens";
 
 /// The Gemma 3 config from `gemma3.*` metadata, read as llama.cpp's `llama_model_gemma3` reads
 /// it (defaults included).
