@@ -346,7 +346,7 @@ impl Attention for Sdpa {
 /// with f32 sums where the CPU has AVX-512 BF16 (f32 elsewhere): `weights = "bf16"`'s choice
 /// for `sdpa`, so that explaining under `hide`, whose coalitions all attend to the cached
 /// context, runs at the rate of those products (its weights, rounded to bf16 next, from
-/// exponentials within 3e-6, in one online softmax with the row's own keys). The rows' own
+/// exponentials within 6e-6, in one online softmax with the row's own keys). The rows' own
 /// keys stay f32, so a row scored
 /// after a cached prefix differs from the same row scored whole by that rounding. (Bf16
 /// attention to a long prompt's own keys as well gained little and moved explain's values

@@ -100,7 +100,7 @@ impl Ops {
         softmax(scores);
     }
 
-    /// [`Ops::exp_sum`] for weights that are rounded to bf16 next: within 3e-6 of `e^(s -
+    /// [`Ops::exp_sum`] for weights that are rounded to bf16 next: within 6e-6 of `e^(s -
     /// max)` (bf16 keeps 2⁻⁹ of it), in two thirds of the instructions. Every score must be at
     /// most `max`.
     pub(super) fn coarse_exp_sum(self, scores: &mut [f32], max: f32) -> f32 {
@@ -537,6 +537,36 @@ mod tests {
                 y.next().expect("three outputs").as_mut_slice(),
             )
         })
+    }
+
+    /// The exponentials of `sdpa_bf16`'s weights stay within the precision the doc of
+    /// [`super::Ops::coarse_exp_sum`] states, over every input it can be given (at most 0,
+    /// down to where weights underflow), and their sum is the sum of what they wrote.
+    #[test]
+    fn coarse_exponentials_keep_their_stated_precision() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let xs: Vec<f32> = (0..=87_000).map(|i| -(i as f32) * 1e-3).collect();
+        let mut es = xs.clone();
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        let sum = unsafe { super::coarse_exp_sum8(&mut es, 0.0) };
+        let worst = xs
+            .iter()
+            .zip(&es)
+            .map(|(&x, &e)| ((e as f64 - (x as f64).exp()) / (x as f64).exp()).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 6e-6, "relative error {worst}");
+        let added: f64 = es.iter().map(|&e| e as f64).sum();
+        assert!(
+            ((sum as f64 - added) / added).abs() < 1e-5,
+            "{sum} against {added}"
+        );
+        let mut shifted = [0.5f32, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5];
+        // SAFETY: as above.
+        unsafe { super::coarse_exp_sum8(&mut shifted, 8.5) };
+        assert_eq!(shifted[8], 1.0, "the largest score weighs 1");
+        assert!((shifted[0] as f64 - (-8f64).exp()).abs() < 6e-6 * (-8f64).exp());
     }
 
     /// The AVX-512 build's scores and sums are the AVX2 build's, bit for bit, at head widths
