@@ -195,21 +195,27 @@ fn config(
 /// What prompting the model in a GGUF file needs, read from its metadata alone (the caller
 /// adds the path to an error).
 pub fn text(path: &Path) -> Result<ModelText, String> {
-    let meta = Metadata::read(path).map_err(|e| match e {
+    ModelText::from_gguf(&metadata(path)?)
+}
+
+/// The file's metadata, read by lmhost's own reader, which checks the header (counts, lengths
+/// and shapes within the file).
+fn metadata(path: &Path) -> Result<Metadata, String> {
+    Metadata::read(path).map_err(|e| match e {
         GgufError::File { source, .. } => source.to_string(),
         e => e.to_string(),
-    })?;
-    ModelText::from_gguf(&meta)
+    })
 }
 
 /// Loads a GGUF file; every error names what was wrong (the caller adds the path). lmhost's
-/// own reader checks the header first (counts, lengths and shapes within the file), so
-/// candle's, which allocates what the header says, only ever reads a sound one.
+/// own reader checks the header first, so candle's, which allocates what the header says, only
+/// ever reads a sound one.
 pub fn load(path: &Path, build: BuildOptions) -> Result<LoadedLm, String> {
+    let meta = metadata(path)?;
     // The tokenizer is built on a thread of its own while the weights load, much of which
     // reads the file on one core; the model's shape needs only the vocabulary's length.
     std::thread::scope(|scope| {
-        let text = scope.spawn(|| text(path));
+        let text = scope.spawn(|| ModelText::from_gguf(&meta));
         let model = load_model(path, build);
         let text = text
             .join()
