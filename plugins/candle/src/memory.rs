@@ -271,7 +271,10 @@ mod tests {
     fn auto_on_cpu_is_half_the_available_memory() {
         let cpu = MemoryBudget::Auto.bytes_on(&Device::Cpu).unwrap();
         match available_memory() {
-            Some(n) => assert_eq!(cpu, n / 2),
+            // Tests running beside this one move the available memory between the two reads
+            // (by a megabyte in one CI run); a budget of a quarter or the whole would be off
+            // by half of it.
+            Some(n) => assert!(cpu.abs_diff(n / 2) <= n / 100, "{cpu} against {}", n / 2),
             None => assert_eq!(cpu, FALLBACK_BYTES),
         }
         assert_eq!(MemoryBudget::Bytes(7).bytes_on(&Device::Cpu), Some(7));
