@@ -15,6 +15,8 @@ mod spm;
 mod vocab;
 mod wpm;
 
+pub use vocab::TOKENS;
+
 use std::ops::Range;
 use std::sync::OnceLock;
 

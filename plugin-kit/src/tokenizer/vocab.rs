@@ -13,7 +13,8 @@ use crate::gguf::{Metadata, Value};
 
 use super::TokenizerError;
 
-pub(super) const TOKENS: &str = "tokenizer.ggml.tokens";
+/// The GGUF key of the vocabulary: its tokens, one an id.
+pub const TOKENS: &str = "tokenizer.ggml.tokens";
 pub(super) const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
 pub(super) const SCORES: &str = "tokenizer.ggml.scores";
 pub(super) const MERGES: &str = "tokenizer.ggml.merges";

@@ -11,6 +11,7 @@ use candle_core::Device;
 
 use lmhost_plugin_kit::gguf::{GgufError, Metadata};
 use lmhost_plugin_kit::text::ModelText;
+use lmhost_plugin_kit::tokenizer::TOKENS;
 
 use super::LoadedLm;
 use crate::memory::WeightBytes;
@@ -214,9 +215,10 @@ pub fn load(path: &Path, build: BuildOptions) -> Result<LoadedLm, String> {
     let meta = metadata(path)?;
     // The tokenizer is built on a thread of its own while the weights load, much of which
     // reads the file on one core; the model's shape needs only the vocabulary's length.
+    let vocab = meta.array(TOKENS).map(<[_]>::len);
     std::thread::scope(|scope| {
         let text = scope.spawn(|| ModelText::from_gguf(&meta));
-        let model = load_model(path, build);
+        let model = load_model(path, build, vocab);
         let text = text
             .join()
             .map_err(|_| "building its tokenizer panicked".to_string())??;
@@ -230,8 +232,14 @@ pub fn load(path: &Path, build: BuildOptions) -> Result<LoadedLm, String> {
     })
 }
 
-/// The model in a GGUF file, and whether a generation's prompt runs through its decode copies.
-fn load_model(path: &Path, mut build: BuildOptions) -> Result<(Box<dyn CausalLm>, bool), String> {
+/// The model in a GGUF file of `vocab` tokens, and whether a generation's prompt runs through
+/// its decode copies.
+fn load_model(
+    path: &Path,
+    mut build: BuildOptions,
+    vocab: Option<usize>,
+) -> Result<(Box<dyn CausalLm>, bool), String> {
+    let vocab = vocab.ok_or_else(|| format!("{TOKENS} is missing or not an array"))?;
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let len = file
         .metadata()
@@ -242,11 +250,6 @@ fn load_model(path: &Path, mut build: BuildOptions) -> Result<(Box<dyn CausalLm>
         Content::read(&mut reader).map_err(|e| format!("not a readable GGUF file: {e}"))?;
     check_extents(&content, len)?;
     let meta = &content.metadata;
-    // The tokenizer's vocabulary is this list, one token an id.
-    let vocab = match meta.get(TOKENS) {
-        Some(Value::Array(tokens)) => tokens.len(),
-        _ => return Err(format!("{TOKENS} is missing or not an array")),
-    };
     let has_output = content.tensor_infos.contains_key("output.weight");
     let arch = architecture(meta)?;
     let cfg = if arch == gemma3::ARCHITECTURE {
@@ -275,9 +278,6 @@ fn load_model(path: &Path, mut build: BuildOptions) -> Result<(Box<dyn CausalLm>
     };
     Ok((model, stored_prompts))
 }
-
-/// The GGUF key of the vocabulary's tokens.
-const TOKENS: &str = "tokenizer.ggml.tokens";
 
 /// The Gemma 3 config from `gemma3.*` metadata, read as llama.cpp's `llama_model_gemma3` reads
 /// it (defaults included).
