@@ -232,24 +232,21 @@ fn tile<E: Elem>(
         return online(shape, task, params, queries, own, panels);
     }
     let Shape { n_rep, d, .. } = shape;
-    let g = task.g;
     let runs = visible_runs(task, params);
     let counts: Vec<usize> = runs
         .iter()
         .map(|r| r.iter().map(|r| r.len()).sum())
         .collect();
     let starts = Rows::starts(&counts, n_rep);
-    let total = counts.iter().sum::<usize>() * n_rep;
     let rows = Rows {
         starts: &starts,
         counts: &counts,
         n_rep,
     };
-    let heads = |ri: usize| row_heads(queries, task, n_rep, ri);
     // A piece's keys (or values) where they lie: in the prefix's state or the sequence's own.
-    let lying = |in_prefix: bool, values: bool, keys: Range<usize>| {
-        let (k, v) = if in_prefix { prefix? } else { own };
-        (if values { v } else { k }).run(g, keys, d)
+    let lying = |piece: &Piece, values: bool| {
+        let (k, v) = if piece.in_prefix { prefix? } else { own };
+        (if values { v } else { k }).run(task.g, piece.keys.clone(), d)
     };
     let mut by_key = Vec::new();
     pieces(&runs, shape.prefix, |ri, at, keys, in_prefix| {
@@ -261,9 +258,29 @@ fn tile<E: Elem>(
         })
     });
     let ops = Ops::new(d);
-    let scale = params.scale as f32;
     let mut out = vec![0f32; task.rows.len() * n_rep * d];
-    let mut complete = true;
+    let weigh = |_: usize, scores: &mut [f32], _: &mut [f32]| ops.softmax(scores);
+    let call = (ops, task, queries, params.scale as f32);
+    per_key(call, &by_key, rows, lying, weigh, &mut out)?;
+    Some(out)
+}
+
+/// The per-key operations over `pieces`: each piece's scores, where `rows` keeps them; then
+/// `weigh(h, scores, output)` turns each query head's scores into weights (`h` is row ·
+/// `n_rep` + rep; `output` its `d` values); then each piece's values, weighted, added to `out`
+/// (`(row, rep, d)`). `lying(piece, values)` finds a piece's keys (or values); `None` where one
+/// is not laid out as the kernels read it.
+fn per_key<'a, E: Elem + 'a>(
+    (ops, task, queries, scale): (Ops, &Task, Queries<'_>, f32),
+    pieces: &[Piece],
+    rows: Rows<'_>,
+    lying: impl Fn(&Piece, bool) -> Option<&'a [E]>,
+    mut weigh: impl FnMut(usize, &mut [f32], &mut [f32]),
+    out: &mut [f32],
+) -> Option<()> {
+    let n_rep = rows.n_rep;
+    let d = out.len() / (rows.counts.len() * n_rep);
+    let total = rows.counts.iter().sum::<usize>() * n_rep;
     SCORES.with_borrow_mut(|all| {
         // Each visible key's score is written before it is read: the last task's need no
         // clearing.
@@ -271,43 +288,35 @@ fn tile<E: Elem>(
             all.resize(total, 0.0);
         }
         let scores = &mut all[..total];
-        for &Piece {
-            ri,
-            at,
-            ref keys,
-            in_prefix,
-        } in &by_key
-        {
-            let Some(run) = lying(in_prefix, false, keys.clone()) else {
-                complete = false;
-                return;
-            };
-            let weights = rows.of(scores, ri).map(|w| &mut w[at..at + keys.len()]);
-            ops.scores(heads(ri), run, scale, weights);
+        for piece in pieces {
+            let run = lying(piece, false)?;
+            let weights = rows
+                .of(scores, piece.ri)
+                .map(|w| &mut w[piece.at..piece.at + piece.keys.len()]);
+            ops.scores(
+                row_heads(queries, task, n_rep, piece.ri),
+                run,
+                scale,
+                weights,
+            );
         }
-        for ri in 0..counts.len() {
-            rows.of(scores, ri).for_each(|w| ops.softmax(w));
+        for ri in 0..rows.counts.len() {
+            for (rep, w) in rows.of(scores, ri).enumerate() {
+                let h = ri * n_rep + rep;
+                weigh(h, w, &mut out[h * d..][..d]);
+            }
         }
-        for &Piece {
-            ri,
-            at,
-            ref keys,
-            in_prefix,
-        } in &by_key
-        {
-            let Some(run) = lying(in_prefix, true, keys.clone()) else {
-                complete = false;
-                return;
-            };
-            let count = counts[ri];
-            let weights = scores[starts[ri]..starts[ri] + n_rep * count]
+        for piece in pieces {
+            let run = lying(piece, true)?;
+            let (start, count) = (rows.starts[piece.ri], rows.counts[piece.ri]);
+            let weights = scores[start..start + n_rep * count]
                 .chunks(count)
-                .map(|w| &w[at..at + keys.len()]);
-            let outs = out[ri * n_rep * d..(ri + 1) * n_rep * d].chunks_mut(d);
+                .map(|w| &w[piece.at..piece.at + piece.keys.len()]);
+            let outs = out[piece.ri * n_rep * d..][..n_rep * d].chunks_mut(d);
             ops.accumulate(weights, run, outs);
         }
-    });
-    complete.then_some(out)
+        Some(())
+    })
 }
 
 /// [`tile`] through `panels`: the rows' query heads meet the prefix block by block
@@ -318,11 +327,10 @@ fn online<E: Elem>(
     task: &Task,
     params: &AttnParams<'_>,
     queries: Queries<'_>,
-    (keys, values): (&Heads<'_, E>, &Heads<'_, E>),
+    own: (&Heads<'_, E>, &Heads<'_, E>),
     panels: &Panels,
 ) -> Option<Vec<f32>> {
     let Shape { n_rep, d, prefix } = shape;
-    let g = task.g;
     let heads = |ri: usize| row_heads(queries, task, n_rep, ri);
     let (mut in_prefix, mut by_key) = (Vec::new(), Vec::new());
     // A row's own keys are counted among its own visible keys only.
@@ -353,88 +361,61 @@ fn online<E: Elem>(
     let ops = Ops::new(d);
     let scale = params.scale as f32;
     let x = panels.queries((0..task.rows.len()).flat_map(heads), d);
-    let mut state = Online::new(task.rows.len() * n_rep, d);
-    panels.attend(&x, &in_prefix, n_rep, (scale, ops), &mut state);
+    let mut state = Online::new(task.rows.len() * n_rep);
+    let mut out = vec![0f32; task.rows.len() * n_rep * d];
+    panels.attend(&x, &in_prefix, n_rep, (scale, ops), (&mut state, &mut out));
     let starts = Rows::starts(&counts, n_rep);
     let rows = Rows {
         starts: &starts,
         counts: &counts,
         n_rep,
     };
-    let total = counts.iter().sum::<usize>() * n_rep;
-    let mut complete = true;
-    SCORES.with_borrow_mut(|all| {
-        if all.len() < total {
-            all.resize(total, 0.0);
-        }
-        let scores = &mut all[..total];
-        for piece in &by_key {
-            let Some(run) = keys.run(g, piece.keys.clone(), d) else {
-                complete = false;
-                return;
-            };
-            let weights = rows
-                .of(scores, piece.ri)
-                .map(|w| &mut w[piece.at..piece.at + piece.keys.len()]);
-            ops.scores(heads(piece.ri), run, scale, weights);
-        }
-        for ri in 0..counts.len() {
-            for (rep, w) in rows.of(scores, ri).enumerate() {
-                let h = ri * n_rep + rep;
-                state.raise(h, ops.largest(w, f32::NEG_INFINITY));
-                state.add(h, ops.exp_sum(w, state.largest[h]));
-            }
-        }
-        for piece in &by_key {
-            let Some(run) = values.run(g, piece.keys.clone(), d) else {
-                complete = false;
-                return;
-            };
-            let count = counts[piece.ri];
-            let start = starts[piece.ri];
-            let weights = scores[start..start + n_rep * count]
-                .chunks(count)
-                .map(|w| &w[piece.at..piece.at + piece.keys.len()]);
-            let outs = state.out[piece.ri * n_rep * d..][..n_rep * d].chunks_mut(d);
-            ops.accumulate(weights, run, outs);
-        }
-    });
-    complete.then(|| state.finish())
+    let lying = |piece: &Piece, values: bool| {
+        (if values { own.1 } else { own.0 }).run(task.g, piece.keys.clone(), d)
+    };
+    let weigh = |h: usize, scores: &mut [f32], output: &mut [f32]| {
+        state.raise(h, ops.largest(scores, f32::NEG_INFINITY), output);
+        state.add(h, ops.exp_sum(scores, state.largest[h]));
+    };
+    per_key(
+        (ops, task, queries, scale),
+        &by_key,
+        rows,
+        lying,
+        weigh,
+        &mut out,
+    )?;
+    state.finish(&mut out);
+    Some(out)
 }
 
 /// Each of a task's query heads' softmax over the keys it has met so far, kept as flash
-/// attention keeps it: the largest score, the sum of `e^(s - largest)` over the keys, and the
-/// values weighted by those, still to be divided by the sum.
+/// attention keeps it: the largest score and the sum of `e^(s - largest)` over the keys, beside
+/// the outputs (`(heads, d)`, the caller's), which hold the values weighted by those, still to
+/// be divided by the sum.
 struct Online {
     largest: Vec<f32>,
     sum: Vec<f32>,
-    /// `(heads, d)`.
-    out: Vec<f32>,
-    d: usize,
 }
 
 impl Online {
-    fn new(heads: usize, d: usize) -> Online {
+    fn new(heads: usize) -> Online {
         Online {
             largest: vec![f32::NEG_INFINITY; heads],
             sum: vec![0.0; heads],
-            out: vec![0.0; heads * d],
-            d,
         }
     }
 
-    /// Head `h` is about to meet keys whose largest score is `top`: what it has summed is
-    /// rescaled to the new largest.
-    fn raise(&mut self, h: usize, top: f32) {
+    /// Head `h` is about to meet keys whose largest score is `top`: what it has summed, and its
+    /// `output`, are rescaled to the new largest.
+    fn raise(&mut self, h: usize, top: f32, output: &mut [f32]) {
         if top <= self.largest[h] {
             return;
         }
         if self.sum[h] > 0.0 {
             let by = (self.largest[h] - top).exp();
             self.sum[h] *= by;
-            for o in &mut self.out[h * self.d..][..self.d] {
-                *o *= by;
-            }
+            output.iter_mut().for_each(|o| *o *= by);
         }
         self.largest[h] = top;
     }
@@ -445,14 +426,14 @@ impl Online {
         self.sum[h] += sum;
     }
 
-    /// Each head's output divided by its sum: `(heads, d)`, as `(row, rep, d)`.
-    fn finish(mut self) -> Vec<f32> {
-        for (out, &sum) in self.out.chunks_mut(self.d).zip(&self.sum) {
+    /// Each head's output divided by its sum.
+    fn finish(&self, out: &mut [f32]) {
+        let d = out.len() / self.sum.len();
+        for (out, &sum) in out.chunks_mut(d).zip(&self.sum) {
             if sum > 0.0 {
                 out.iter_mut().for_each(|o| *o /= sum);
             }
         }
-        self.out
     }
 }
 
@@ -579,9 +560,10 @@ impl Panels {
         pieces: &[Piece],
         n_rep: usize,
         (scale, ops): (f32, Ops),
-        state: &mut Online,
+        (state, out): (&mut Online, &mut [f32]),
     ) {
         let heads = x.len() / self.keys.shape().1.div_ceil(2);
+        let d = out.len() / heads;
         let half = SUMS / 2;
         let mut scores = vec![0f32; heads * SUMS];
         let mut top = vec![f32::NEG_INFINITY; heads];
@@ -598,7 +580,7 @@ impl Panels {
                 }
             }
             for (h, &top) in top.iter().enumerate() {
-                state.raise(h, top);
+                state.raise(h, top, &mut out[h * d..][..d]);
             }
             weights.fill(0);
             for (ri, lanes) in &runs {
@@ -610,7 +592,7 @@ impl Panels {
             }
             let first = base / 2;
             let block = first..(first + half).min(self.len.div_ceil(2));
-            self.sums(&weights, block, &mut state.out);
+            self.sums(&weights, block, out);
         }
     }
 
